@@ -1,0 +1,1 @@
+"""paraagent_jax.coldstart."""
