@@ -1,0 +1,1 @@
+"""Evaluation: benchmark runners, metrics, reports."""

@@ -1,0 +1,67 @@
+"""Evaluation reports: CI, per-kind aggregation, markdown, plots, compare."""
+
+import json
+import os
+
+import pytest
+
+from paraagent_jax.evaluation import report as rep
+
+
+@pytest.mark.parametrize("k,n,lo,hi", [
+    (0, 10, 0.0, 0.2775),     # textbook Wilson 95% values (z = 1.96)
+    (5, 10, 0.2366, 0.7634),
+    (10, 10, 0.7225, 1.0),
+    (81, 263, 0.2553, 0.3662),
+])
+def test_wilson_interval_matches_published_values(k, n, lo, hi):
+  got = rep.wilson_interval(k, n)
+  assert got[0] == pytest.approx(lo, abs=6e-4)
+  assert got[1] == pytest.approx(hi, abs=6e-4)
+
+
+def _records():
+  recs = []
+  # 2 kinds x 4 tasks; paraact wins 3/4 single and 2/4 parallel.
+  for strategy, wins in (("paraact", {"single": 3, "parallel": 2}),
+                         ("react", {"single": 4, "parallel": 0})):
+    for kind in ("single", "parallel"):
+      for i in range(4):
+        recs.append({"benchmark": "toolenv", "strategy": strategy, "policy": "oracle",
+                     "kind": kind, "task_id": f"{kind}{i}", "success": i < wins[kind],
+                     "turns": 3 if strategy == "paraact" else 5, "calls": 2,
+                     "explore_tokens": 30, "execute_tokens": 10,
+                     "calls_per_step": [2] if strategy == "paraact" else [1, 1]})
+  return recs
+
+
+def test_build_report_aggregates_by_kind_and_multi_tool():
+  report = rep.build_report(_records())
+  runs = {r["strategy"]: r for r in report["runs"]}
+  para = runs["paraact"]
+  assert para["overall"]["n"] == 8
+  assert para["overall"]["success"] == pytest.approx(5 / 8)
+  assert para["per_kind"]["single"]["success"] == pytest.approx(0.75)
+  assert para["per_kind"]["parallel"]["success"] == pytest.approx(0.5)
+  assert para["average"] == pytest.approx((0.75 + 0.5) / 2)
+  assert para["multi_tool"]["n"] == 4 and para["multi_tool"]["success"] == pytest.approx(0.5)
+  assert para["overall"]["turns"] == pytest.approx(3.0)
+  assert para["overall"]["explore_token_share"] == pytest.approx(0.75)
+  assert runs["react"]["multi_tool"]["success"] == 0.0
+  assert list(para["per_kind"]) == ["single", "parallel"]  # canonical kind order
+
+
+def test_markdown_and_files_and_compare(tmp_path):
+  paths = rep.write_report(_records(), str(tmp_path), name="r1")
+  md = open(paths["markdown"]).read()
+  assert md.count("\n") == 4  # header, rule, two runs
+  assert "| toolenv | oracle | paraact | 8 | 62.5 (" in md
+  for key in ("plot_success", "plot_turns", "plot_calls"):
+    assert os.path.getsize(paths[key]) > 1000
+    with open(paths[key], "rb") as f:
+      assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+  data = json.load(open(paths["json"]))
+  assert len(data["runs"]) == 2
+  rep.write_report(_records()[:8], str(tmp_path), name="r2", plots=False)
+  table = rep.compare_reports([paths["json"], str(tmp_path / "r2.json")])
+  assert table.count("| toolenv |") == 3
