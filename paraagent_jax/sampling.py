@@ -1,0 +1,482 @@
+"""Batched KV-cache sampler: jitted prefill, on-device decode loop, continuation.
+
+The sampler is the hot path of RL: every RL step samples many multi-turn rollouts.
+It is written against the model contract of `paraagent_jax.models.qwen3`:
+`model.init_cache(batch, max_len)` and `model.forward_chunk(ids, cache, num_new)`,
+where `forward_chunk` appends `num_new[b]` real tokens of a right-padded chunk to
+row `b` of the cache and returns logits for every chunk position.
+
+Design:
+* `graphdef, params = nnx.split(model)`; the jitted functions are pure functions of
+  `params` (the graphdef is static). They are compiled ahead of time and cached per
+  shape signature, so the `compilations` counter is exact and compile time can be
+  reported apart from run time.
+* Prefill and continuation are the same operation (`append`): the new tokens of
+  each row are right-padded to a bucketed chunk length (a power of two, at least
+  `min_chunk`, at most `max_chunk`; longer inputs take several chunks). Rows with
+  no new tokens pass `num_new = 0` and are untouched, so one cache serves a whole
+  batch of episodes, finished ones included.
+* Decoding runs in one `jax.lax.while_loop` on the device that exits when every row
+  has stopped (stop token, stop sequence, or its token budget). Each sampled token,
+  the stop token included, is fed back into the cache, so after `generate` the cache
+  holds exactly prompt + generated tokens, and the logits for the next token are
+  kept in the state: a later `append` (observation tokens) or `generate` (more
+  tokens) continues without recomputing anything.
+* The cache and the next-token logits are donated to every call.
+
+Log-probs: `GenerateOutput.logprobs` is the log-prob of each sampled token under the
+model's plain log-softmax (temperature 1, no top-k/top-p), i.e. exactly what a fresh
+forward pass over the finished sequence gives; that is what the RL loss recomputes.
+`processed_logprobs` is the log-prob under the distribution actually sampled from
+(temperature, top-k, top-p applied; 0 for greedy).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from typing import Any, Sequence
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+# Compiled executables shared by all samplers of a process: (name, graphdef,
+# static args, abstract arguments) -> jax.stages.Compiled.
+_COMPILED: dict[Any, Any] = {}
+
+
+@dataclasses.dataclass
+class SamplerStats:
+  """Counters a rollout can report (cumulative over a state's life)."""
+  prefill_tokens: int = 0         # real tokens appended (prompts, observations)
+  prefill_padded_tokens: int = 0  # tokens computed in append chunks, padding included
+  prefill_calls: int = 0
+  decode_tokens: int = 0          # real tokens generated
+  decode_steps: int = 0           # decode-loop iterations (each one batch forward)
+  decode_calls: int = 0
+  compilations: int = 0           # new executables compiled for this state's calls
+  compile_seconds: float = 0.0
+
+  def as_dict(self) -> dict[str, float]:
+    """The counters as a plain dict (for metrics writers)."""
+    return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class SamplerState:
+  """A batch of sequences in a KV cache, ready to be extended.
+
+  Attributes:
+    cache: the model's cache pytree (on device; donated to the next call).
+    next_logits: [B, V] f32 logits for the next token of each row (on device).
+    has_logits: [B] bool (host): the row has at least one token, so it can generate.
+    lengths: [B] int (host): tokens in the cache per row (mirror of cache lengths).
+    key: PRNG key consumed by sampling calls.
+    stats: counters, shared by every state derived from this one.
+  """
+  cache: Any
+  next_logits: jax.Array
+  has_logits: np.ndarray
+  lengths: np.ndarray
+  key: jax.Array
+  stats: SamplerStats
+
+
+@dataclasses.dataclass
+class GenerateOutput:
+  """Result of a generation call; arrays are numpy, padded after `lengths`."""
+  tokens: np.ndarray              # [B, N] int32, pad_token_id after lengths[b]
+  logprobs: np.ndarray            # [B, N] f32, plain log-softmax (see module doc)
+  processed_logprobs: np.ndarray  # [B, N] f32, under the sampling distribution
+  lengths: np.ndarray             # [B] int32, generated tokens incl. the stop token
+  stopped: np.ndarray             # [B] bool, ended by a stop token/sequence
+  state: SamplerState             # continue from here (cache holds all tokens)
+
+
+def _pow2_at_least(n: int) -> int:
+  return 1 << max(0, int(n) - 1).bit_length()
+
+
+def _signature(tree) -> Any:
+  """Hashable abstract description of a pytree of arrays (what jit keys on)."""
+  leaves, treedef = jax.tree.flatten(tree)
+  return treedef, tuple((np.shape(x), str(x.dtype), getattr(x, "sharding", None))
+                        for x in leaves)
+
+
+# ----------------------------------------------------------------------------
+# Pure device functions.
+# ----------------------------------------------------------------------------
+
+
+def _append_fn(graphdef, params, cache, next_logits, input_ids, num_new):
+  """Appends a right-padded chunk; keeps logits at each row's last real token."""
+  model = nnx.merge(graphdef, params)
+  logits, cache = model.forward_chunk(input_ids, cache, num_new)
+  last = jnp.maximum(num_new - 1, 0)[:, None, None]
+  last_logits = jnp.take_along_axis(logits, last, axis=1)[:, 0]
+  next_logits = jnp.where((num_new > 0)[:, None],
+                          last_logits.astype(jnp.float32), next_logits)
+  return cache, next_logits
+
+
+def _sample(logits, key, temperature, top_p, *, greedy: bool, top_k: int,
+            use_top_p: bool):
+  """Samples one token per row; returns (token, log-prob under the sampled dist).
+
+  Warpers are applied in the order of transformers (temperature, top-k, top-p);
+  top-p keeps the smallest prefix of the sorted distribution whose mass reaches
+  `top_p` (the token that crosses the threshold is kept).
+  """
+  if greedy:
+    tok = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    return tok, jnp.zeros(tok.shape, jnp.float32)
+  x = logits / temperature
+  if top_k > 0 or use_top_p:
+    if top_k > 0:
+      vals, idx = jax.lax.top_k(x, min(top_k, x.shape[-1]))
+    else:
+      idx = jnp.argsort(-x, axis=-1)
+      vals = jnp.take_along_axis(x, idx, axis=-1)
+    if use_top_p:
+      probs = jax.nn.softmax(vals, axis=-1)
+      mass_before = jnp.cumsum(probs, axis=-1) - probs
+      vals = jnp.where(mass_before < top_p, vals, -jnp.inf)
+  else:
+    vals, idx = x, None
+  choice = jax.random.categorical(key, vals, axis=-1)
+  proc_lp = jnp.take_along_axis(jax.nn.log_softmax(vals, axis=-1),
+                                choice[:, None], axis=-1)[:, 0]
+  tok = choice if idx is None else jnp.take_along_axis(
+      idx, choice[:, None], axis=-1)[:, 0]
+  return tok.astype(jnp.int32), proc_lp
+
+
+def _decode_fn(graphdef, params, cache, next_logits, key, budget, stop_seqs,
+               stop_mask, temperature, top_p, *, n_buf: int, greedy: bool,
+               top_k: int, use_top_p: bool, pad_id: int):
+  """Decode loop on device: samples until every row stopped or ran out of budget.
+
+  `budget[b]` is row b's token budget (0 = row excluded). `stop_seqs` [S, W] are
+  stop sequences right-aligned in a window of the last W generated tokens, with
+  `stop_mask` marking their real positions (stop ids are sequences of length 1).
+  """
+  model = nnx.merge(graphdef, params)
+  b = next_logits.shape[0]
+  w = stop_seqs.shape[1]
+
+  def cond(carry):
+    i, active = carry[0], carry[3]
+    return (i < n_buf) & jnp.any(active)
+
+  def body(carry):
+    i, cache, logits, active, gen_len, window, toks, lps, plps, hit_any = carry
+    tok, plp = _sample(logits, jax.random.fold_in(key, i), temperature, top_p,
+                       greedy=greedy, top_k=top_k, use_top_p=use_top_p)
+    lp = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1),
+                             tok[:, None], axis=-1)[:, 0]
+    tok = jnp.where(active, tok, pad_id)
+    toks = toks.at[:, i].set(tok)
+    lps = lps.at[:, i].set(jnp.where(active, lp, 0.0))
+    plps = plps.at[:, i].set(jnp.where(active, plp, 0.0))
+    gen_len = gen_len + active.astype(jnp.int32)
+    shifted = jnp.concatenate([window[:, 1:], tok[:, None]], axis=1)
+    window = jnp.where(active[:, None], shifted, window)
+    match = (window[:, None, :] == stop_seqs[None]) | ~stop_mask[None]
+    hit = jnp.any(jnp.all(match, axis=-1), axis=-1) & active
+    # Feed the token (the stop token too) so the cache holds the whole turn.
+    new_logits, cache = model.forward_chunk(tok[:, None], cache,
+                                            active.astype(jnp.int32))
+    logits = jnp.where(active[:, None], new_logits[:, 0].astype(jnp.float32),
+                       logits)
+    active = active & ~hit & (gen_len < budget)
+    return (i + 1, cache, logits, active, gen_len, window, toks, lps, plps,
+            hit_any | hit)
+
+  zeros_f = jnp.zeros((b, n_buf), jnp.float32)
+  carry = (jnp.int32(0), cache, next_logits, budget > 0,
+           jnp.zeros((b,), jnp.int32), jnp.full((b, w), -1, jnp.int32),
+           jnp.full((b, n_buf), pad_id, jnp.int32), zeros_f, zeros_f,
+           jnp.zeros((b,), bool))
+  steps, cache, logits, _, gen_len, _, toks, lps, plps, hit = (
+      jax.lax.while_loop(cond, body, carry))
+  return cache, logits, toks, lps, plps, gen_len, hit, steps
+
+
+_APPEND_JIT = jax.jit(_append_fn, donate_argnums=(2, 3))
+_DECODE_JIT = jax.jit(
+    _decode_fn, donate_argnums=(2, 3),
+    static_argnames=("n_buf", "greedy", "top_k", "use_top_p", "pad_id"))
+
+
+# ----------------------------------------------------------------------------
+# Host-side driver.
+# ----------------------------------------------------------------------------
+
+
+class Sampler:
+  """Batched sampler over one model and a fixed batch size and cache capacity.
+
+  Fixing `batch_size` and `max_len` per rollout (and bucketing chunk lengths and
+  token budgets) keeps the set of compiled shapes small: a multi-turn rollout
+  compiles a handful of executables in its first turns and none afterwards.
+  """
+
+  def __init__(self, model, batch_size: int, max_len: int, *,
+               min_chunk: int = 16, max_chunk: int = 512, min_decode: int = 16,
+               cache_dtype=None):
+    """Creates a sampler.
+
+    Args:
+      model: a model following the `qwen3.Qwen3` contract.
+      batch_size: rows of the cache (episodes of a rollout batch).
+      max_len: cache capacity in tokens per row (history + generated).
+      min_chunk: smallest append chunk length (chunks are powers of two).
+      max_chunk: longest append chunk; longer inputs are split (bounds the
+        [B, T, V] logits of a chunk and the number of compiled shapes).
+      min_decode: smallest decode buffer (token budgets round up to powers of 2).
+      cache_dtype: dtype of the K/V cache (default: the model's choice).
+    """
+    self.graphdef, self.params = nnx.split(model)
+    self._model = model
+    self.batch_size = int(batch_size)
+    self.max_len = int(max_len)
+    self.min_chunk = _pow2_at_least(min_chunk)
+    self.max_chunk = _pow2_at_least(max_chunk)
+    self.min_decode = _pow2_at_least(min_decode)
+    self.cache_dtype = cache_dtype
+
+  def update_params(self, model_or_params) -> None:
+    """Points the sampler at new weights (a model, or the params of nnx.split)."""
+    if isinstance(model_or_params, nnx.Module):
+      _, model_or_params = nnx.split(model_or_params)
+    self.params = model_or_params
+
+  def _call(self, name, jitted, stats, args, static=None):
+    """Runs `jitted` through the shared AOT cache, counting compilations."""
+    static = static or {}
+    key = (name, self.graphdef, tuple(sorted(static.items())),
+           _signature(args[1:]))
+    compiled = _COMPILED.get(key)
+    if compiled is None:
+      start = time.perf_counter()
+      compiled = jitted.lower(*args, **static).compile()
+      stats.compilations += 1
+      stats.compile_seconds += time.perf_counter() - start
+      _COMPILED[key] = compiled
+    return compiled(*args)
+
+  def init_state(self, seed: int = 0) -> SamplerState:
+    """An empty cache for `batch_size` rows, with a PRNG key from `seed`."""
+    cache = self._model.init_cache(self.batch_size, self.max_len,
+                                   dtype=self.cache_dtype)
+    vocab = self._model.config.vocab_size
+    return SamplerState(
+        cache=cache, next_logits=jnp.zeros((self.batch_size, vocab), jnp.float32),
+        has_logits=np.zeros(self.batch_size, bool),
+        lengths=np.zeros(self.batch_size, np.int64),
+        key=jax.random.key(seed), stats=SamplerStats())
+
+  def prefill(self, prompt_ids: Sequence[Sequence[int]], seed: int = 0
+              ) -> SamplerState:
+    """A new state holding `prompt_ids` (one list per row; [] = empty row)."""
+    return self.append(self.init_state(seed), prompt_ids)
+
+  def append(self, state: SamplerState, new_token_ids: Sequence[Sequence[int]]
+             ) -> SamplerState:
+    """Appends tokens to each row of the cache (prefill or continuation).
+
+    Args:
+      state: the state to extend; its cache is donated (do not reuse `state`).
+      new_token_ids: one list per row; an empty list leaves the row untouched
+        (finished episodes of a batch rollout).
+
+    Returns:
+      The extended state; rows that received tokens have fresh next-token logits.
+
+    Raises:
+      ValueError: wrong number of rows, or a row would exceed `max_len`.
+    """
+    if len(new_token_ids) != self.batch_size:
+      raise ValueError(f"expected {self.batch_size} rows, got "
+                       f"{len(new_token_ids)}")
+    counts = np.array([len(r) for r in new_token_ids], np.int64)
+    over = np.nonzero(state.lengths + counts > self.max_len)[0]
+    if over.size:
+      b = int(over[0])
+      raise ValueError(
+          f"row {b}: {state.lengths[b]} cached + {counts[b]} new tokens exceed "
+          f"the cache capacity max_len={self.max_len}")
+    ids = np.zeros((self.batch_size, max(int(counts.max(initial=0)), 1)),
+                   np.int32)
+    for b, row in enumerate(new_token_ids):
+      ids[b, :len(row)] = row
+    cache, logits = state.cache, state.next_logits
+    offset, total = 0, int(counts.max(initial=0))
+    while offset < total:
+      chunk = min(self.max_chunk,
+                  max(self.min_chunk, _pow2_at_least(total - offset)))
+      piece = np.zeros((self.batch_size, chunk), np.int32)
+      part = ids[:, offset:offset + chunk]
+      piece[:, :part.shape[1]] = part
+      num_new = np.clip(counts - offset, 0, chunk).astype(np.int32)
+      cache, logits = self._call(
+          "append", _APPEND_JIT, state.stats,
+          (self.graphdef, self.params, cache, logits, piece, num_new))
+      state.stats.prefill_calls += 1
+      state.stats.prefill_padded_tokens += self.batch_size * chunk
+      offset += chunk
+    state.stats.prefill_tokens += int(counts.sum())
+    return dataclasses.replace(
+        state, cache=cache, next_logits=logits,
+        has_logits=state.has_logits | (counts > 0),
+        lengths=state.lengths + counts)
+
+  def generate(self, state: SamplerState, max_new_tokens: int | Sequence[int]
+               = 128, *, temperature: float = 0.0, top_k: int = 0,
+               top_p: float = 1.0, stop_token_ids: Sequence[int] = (),
+               stop_sequences: Sequence[Sequence[int]] = (),
+               active: Sequence[bool] | None = None, pad_token_id: int = 0
+               ) -> GenerateOutput:
+    """Generates from the current state of every active row.
+
+    Args:
+      state: the state to extend; its cache is donated (do not reuse `state`).
+      max_new_tokens: token budget, one int or one per row; a row's budget is
+        also clipped to its remaining cache capacity.
+      temperature: 0 for greedy decoding, otherwise the softmax temperature.
+      top_k: keep the k most likely tokens (0 = off).
+      top_p: nucleus sampling mass (1.0 = off).
+      stop_token_ids: a row stops after generating any of these ids.
+      stop_sequences: a row stops after generating any of these token sequences
+        (matched within the tokens generated by this call).
+      active: rows allowed to generate (default: every row holding tokens);
+        inactive rows generate nothing and their cache is untouched.
+      pad_token_id: written to `tokens` after each row's length.
+
+    Returns:
+      A `GenerateOutput`; `.state` continues the batch.
+    """
+    bsz = self.batch_size
+    budget = np.broadcast_to(np.asarray(max_new_tokens, np.int64), (bsz,))
+    mask = state.has_logits.copy()
+    if active is not None:
+      mask &= np.asarray(active, bool)
+    budget = np.where(mask, np.minimum(budget, self.max_len - state.lengths), 0)
+    budget = np.maximum(budget, 0).astype(np.int32)
+    n_out = int(budget.max(initial=0))
+    n_buf = max(self.min_decode, _pow2_at_least(n_out))
+    seqs = [list(s) for s in stop_sequences if len(s)] + [
+        [int(t)] for t in stop_token_ids]
+    width = _pow2_at_least(max([len(s) for s in seqs], default=1))
+    stop_arr = np.full((len(seqs), width), -1, np.int32)
+    stop_msk = np.zeros((len(seqs), width), bool)
+    for i, s in enumerate(seqs):
+      stop_arr[i, width - len(s):] = s
+      stop_msk[i, width - len(s):] = True
+    greedy = float(temperature) <= 0.0
+    key, sub = jax.random.split(state.key)
+    static = dict(n_buf=n_buf, greedy=greedy, top_k=0 if greedy else int(top_k),
+                  use_top_p=(not greedy) and float(top_p) < 1.0,
+                  pad_id=int(pad_token_id))
+    args = (self.graphdef, self.params, state.cache, state.next_logits, sub,
+            budget, stop_arr, stop_msk,
+            np.float32(max(float(temperature), 1e-6)), np.float32(top_p))
+    cache, logits, toks, lps, plps, gen_len, hit, steps = self._call(
+        "decode", _DECODE_JIT, state.stats, args, static)
+    gen_len = np.asarray(gen_len).astype(np.int32)
+    stats = state.stats
+    stats.decode_calls += 1
+    stats.decode_steps += int(steps)
+    stats.decode_tokens += int(gen_len.sum())
+    new_state = dataclasses.replace(
+        state, cache=cache, next_logits=logits, key=key,
+        lengths=state.lengths + gen_len)
+    return GenerateOutput(
+        tokens=np.asarray(toks)[:, :n_out], logprobs=np.asarray(lps)[:, :n_out],
+        processed_logprobs=np.asarray(plps)[:, :n_out], lengths=gen_len,
+        stopped=np.asarray(hit), state=new_state)
+
+
+# ----------------------------------------------------------------------------
+# Functional interface (issue 4's public API).
+# ----------------------------------------------------------------------------
+
+
+def _capacity(n: int) -> int:
+  """Default cache capacity for one-shot generation: a multiple of 64."""
+  return max(64, -(-int(n) // 64) * 64)
+
+
+def generate(model, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int = 128,
+             temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+             stop_token_ids: Sequence[int] = (),
+             stop_sequences: Sequence[Sequence[int]] = (), seed: int = 0, *,
+             max_len: int | None = None, pad_token_id: int = 0,
+             **sampler_kwargs) -> GenerateOutput:
+  """Prefills `prompt_ids` (ragged, one list per row) and generates.
+
+  Args:
+    model: a model following the `qwen3.Qwen3` contract.
+    prompt_ids: prompts of any lengths, one list of token ids per row.
+    max_new_tokens: token budget per row.
+    temperature, top_k, top_p: sampling settings (temperature 0 = greedy).
+    stop_token_ids: ids that end a row (EOS); the stop token is included.
+    stop_sequences: token sequences that end a row (e.g. a closing tag).
+    seed: PRNG seed; the same seed gives the same samples.
+    max_len: cache capacity (default: longest prompt + budget, rounded up); pass
+      a larger one to continue the batch later with `continue_generation`.
+    pad_token_id: written to `tokens` after each row's length.
+    **sampler_kwargs: forwarded to `Sampler` (min_chunk, max_chunk, ...).
+
+  Returns:
+    A `GenerateOutput` (tokens, logprobs, processed_logprobs, lengths, stopped,
+    state).
+  """
+  longest = max((len(p) for p in prompt_ids), default=0)
+  sampler = Sampler(model, len(prompt_ids),
+                    max_len or _capacity(longest + max_new_tokens),
+                    **sampler_kwargs)
+  state = sampler.prefill(prompt_ids, seed=seed)
+  return sampler.generate(
+      state, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+      stop_token_ids=stop_token_ids, stop_sequences=stop_sequences,
+      pad_token_id=pad_token_id)
+
+
+def continue_generation(model, state: SamplerState,
+                        new_token_ids: Sequence[Sequence[int]],
+                        max_new_tokens: int | Sequence[int] = 128, *,
+                        active: Sequence[bool] | None = None,
+                        **generate_kwargs) -> GenerateOutput:
+  """Appends `new_token_ids` to a state's cache and generates from there.
+
+  Rows with an empty list get no new tokens; pass `active` to exclude rows from
+  generation (by default a row generates iff it received new tokens, so finished
+  episodes stay untouched). The history is never re-prefilled.
+
+  Args:
+    model: the model (its current weights are used).
+    state: `GenerateOutput.state` of a previous call (donated).
+    new_token_ids: one list per row (observations of a multi-turn rollout).
+    max_new_tokens: token budget, one int or one per row.
+    active: rows that generate (default: rows with new tokens).
+    **generate_kwargs: as for `Sampler.generate`.
+
+  Returns:
+    A `GenerateOutput` for the new turn.
+  """
+  sampler = Sampler(model, len(state.lengths), _state_capacity(state))
+  if active is None:
+    active = [len(r) > 0 for r in new_token_ids]
+  state = sampler.append(state, new_token_ids)
+  return sampler.generate(state, max_new_tokens, active=active,
+                          **generate_kwargs)
+
+
+def _state_capacity(state: SamplerState) -> int:
+  """Cache capacity (slots per row) of a state's cache."""
+  return int(state.cache["k"].shape[2])
