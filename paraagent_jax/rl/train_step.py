@@ -1,0 +1,290 @@
+"""Shared train-step machinery: Optax optimizer, shardings, micro-batching.
+
+Both the SFT cross-entropy step (`paraagent_jax.rl.sft_loss`) and the GRPO
+step (`paraagent_jax.rl.grpo`) are built here, so they differ only in their
+loss. A loss is given as a `LossFns` triple:
+
+* ``prepare(batch) -> (inputs, metrics)`` runs once on the *whole* batch,
+  outside the gradient: everything whose normalisation spans the batch
+  (group-normalised advantages, the token-mean denominator) is computed here,
+  so that accumulating micro-batch gradients gives exactly the full-batch
+  gradient. ``inputs`` is a pytree of [B, ...] arrays.
+* ``micro_loss(model, inputs_mb, ref_model) -> (loss, sums)``: the loss of
+  one micro-batch, already weighted so that the sum over micro-batches is the
+  full-batch loss; ``sums`` are additive metric numerators.
+* ``finalize(sums, metrics) -> metrics``: turns the summed numerators into
+  metrics.
+
+The model is an NNX module split as ``graphdef, state = nnx.split(model)``;
+any module with ``model(tokens, attention_mask=...) -> logits [B,T,V]``
+works. Only `nnx.Param` leaves are trained; other variables pass through.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+import optax
+
+from paraagent_jax.rl import batch as batch_lib
+
+DEFAULT_BATCH_AXES = ("data", "fsdp")
+SCHEDULES = ("cosine", "linear", "constant")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+  """AdamW with warmup, a decay schedule and global-norm clipping.
+
+  Attributes:
+    learning_rate: peak learning rate.
+    warmup_steps: linear warmup from 0 to the peak.
+    total_steps: length of the schedule (warmup included).
+    schedule: "cosine", "linear" or "constant" after the warmup.
+    end_lr_ratio: final learning rate as a fraction of the peak.
+    weight_decay: decoupled weight decay (not applied to vectors: norms,
+      biases).
+    b1: Adam beta1.
+    b2: Adam beta2.
+    adam_eps: Adam epsilon.
+    max_grad_norm: global-norm clip (<= 0 disables it).
+  """
+
+  learning_rate: float = 1e-5
+  warmup_steps: int = 10
+  total_steps: int = 1000
+  schedule: str = "cosine"
+  end_lr_ratio: float = 0.1
+  weight_decay: float = 0.0
+  b1: float = 0.9
+  b2: float = 0.999
+  adam_eps: float = 1e-8
+  max_grad_norm: float = 1.0
+
+
+def config_from_mapping(cls, values: Mapping[str, Any] | None):
+  """Builds a frozen config dataclass from a mapping, rejecting unknown keys.
+
+  Accepts a dict or an ml_collections ConfigDict (anything with ``items``).
+  """
+  if values is None:
+    return cls()
+  if isinstance(values, cls):
+    return values
+  names = {f.name for f in dataclasses.fields(cls)}
+  items = dict(values.items())
+  unknown = set(items) - names
+  if unknown:
+    raise ValueError(f"unknown {cls.__name__} keys {sorted(unknown)}; "
+                     f"known: {sorted(names)}")
+  return cls(**{k: tuple(v) if isinstance(v, list) else v
+                for k, v in items.items()})
+
+
+def make_schedule(config: OptimizerConfig) -> optax.Schedule:
+  """Warmup then cosine / linear decay / constant learning-rate schedule."""
+  cfg = config_from_mapping(OptimizerConfig, config)
+  if cfg.schedule not in SCHEDULES:
+    raise ValueError(f"schedule={cfg.schedule!r}; choose from {SCHEDULES}")
+  peak, warm = cfg.learning_rate, max(int(cfg.warmup_steps), 0)
+  decay = max(int(cfg.total_steps) - warm, 1)
+  end = peak * cfg.end_lr_ratio
+  if cfg.schedule == "cosine":
+    after = optax.cosine_decay_schedule(peak, decay, alpha=cfg.end_lr_ratio)
+  elif cfg.schedule == "linear":
+    after = optax.linear_schedule(peak, end, decay)
+  else:
+    after = optax.constant_schedule(peak)
+  if warm == 0:
+    return after
+  return optax.join_schedules(
+      [optax.linear_schedule(0.0, peak, warm), after], [warm])
+
+
+def make_optimizer(config: OptimizerConfig | Mapping[str, Any] | None = None
+                   ) -> optax.GradientTransformation:
+  """AdamW + warmup schedule + global-norm clipping (clip applied first)."""
+  cfg = config_from_mapping(OptimizerConfig, config)
+  # Decay matrices only: decaying norm scales towards 0 hurts small models.
+  decay_mask = lambda params: jax.tree.map(lambda x: x.ndim >= 2, params)
+  adamw = optax.adamw(make_schedule(cfg), b1=cfg.b1, b2=cfg.b2,
+                      eps=cfg.adam_eps, weight_decay=cfg.weight_decay,
+                      mask=decay_mask)
+  if cfg.max_grad_norm and cfg.max_grad_norm > 0:
+    return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), adamw)
+  return adamw
+
+
+def split_params(state: nnx.State) -> tuple[nnx.State, nnx.State]:
+  """(trainable Params, everything else) of a model state."""
+  return nnx.split_state(state, nnx.Param, ...)
+
+
+def _resolve_axis(name, rules: Mapping[str, Any] | None, mesh_axes):
+  """Maps one logical/mesh axis name to mesh axes present in the mesh."""
+  if name is None:
+    return None
+  names = name if isinstance(name, tuple) else (name,)
+  out = []
+  for n in names:
+    target = rules.get(n, n) if rules else n
+    targets = target if isinstance(target, tuple) else (target,)
+    out.extend(t for t in targets if t is not None and t in mesh_axes)
+  return tuple(out) if len(out) > 1 else (out[0] if out else None)
+
+
+def state_sharding(state: nnx.State, mesh: jax.sharding.Mesh,
+                   rules: Mapping[str, Any] | None = None):
+  """NamedShardings from the partition metadata of an NNX state.
+
+  Axis names are mapped through ``rules`` (logical name -> mesh axis or
+  tuple of axes, e.g. ``paraagent_jax.sharding``'s table) and dropped if
+  they name no mesh axis or do not divide the dimension; unannotated
+  variables are replicated.
+  """
+  specs = nnx.get_partition_spec(state)
+  sizes = dict(zip(mesh.axis_names, mesh.devices.shape))
+
+  def to_sharding(spec, value):
+    if not isinstance(spec, P):
+      return NamedSharding(mesh, P())
+    dims = []
+    for dim, name in zip(value.shape, tuple(spec)):
+      axes = _resolve_axis(name, rules, sizes)
+      group = axes if isinstance(axes, tuple) else ((axes,) if axes else ())
+      size = 1
+      for a in group:
+        size *= sizes[a]
+      dims.append(axes if axes and dim % size == 0 else None)
+    return NamedSharding(mesh, P(*dims))
+
+  return jax.tree.map(to_sharding, specs, state,
+                      is_leaf=lambda x: isinstance(x, P) or x is None)
+
+
+def opt_state_sharding(optimizer: optax.GradientTransformation, params,
+                       params_sharding, mesh: jax.sharding.Mesh):
+  """Shardings of ``optimizer.init(params)``: moments follow their params."""
+  shapes = jax.eval_shape(optimizer.init, params)
+  replicated = NamedSharding(mesh, P())
+  return optax.tree_map_params(
+      optimizer, lambda _, s: s, shapes, params_sharding,
+      transform_non_params=lambda _: replicated,
+      is_leaf=lambda x: isinstance(x, NamedSharding))
+
+
+def shard_train_state(state: nnx.State, optimizer: optax.GradientTransformation,
+                      mesh: jax.sharding.Mesh,
+                      rules: Mapping[str, Any] | None = None):
+  """Places a model state on the mesh and creates its optimizer state there.
+
+  Returns:
+    (state, opt_state), both laid out with explicit NamedShardings.
+  """
+  sharding = state_sharding(state, mesh, rules)
+  state = jax.device_put(state, sharding)
+  params, _ = split_params(state)
+  params_sharding, _ = split_params(sharding)
+  opt_sharding = opt_state_sharding(optimizer, params, params_sharding, mesh)
+  opt_state = jax.jit(optimizer.init, out_shardings=opt_sharding)(params)
+  return state, opt_state
+
+
+def data_sharding(tree, mesh: jax.sharding.Mesh,
+                  batch_axes: Sequence[str] = DEFAULT_BATCH_AXES):
+  """Shards the leading (batch) axis of every leaf over ``batch_axes``."""
+  axes = tuple(a for a in batch_axes if a in mesh.axis_names)
+  return jax.tree.map(lambda _: NamedSharding(mesh, P(axes or None)), tree)
+
+
+class LossFns(NamedTuple):
+  """A loss in the three parts described in the module docstring."""
+
+  prepare: Callable[[Any], tuple[Any, dict]]
+  micro_loss: Callable[[Any, Any, Any], tuple[jax.Array, dict]]
+  finalize: Callable[[dict, dict], dict]
+
+
+def build_train_step(model_graphdef, optimizer: optax.GradientTransformation,
+                     loss_fns: LossFns, mesh: jax.sharding.Mesh, *,
+                     num_micro_batches: int = 1,
+                     batch_axes: Sequence[str] = DEFAULT_BATCH_AXES,
+                     ref_graphdef=None):
+  """A jitted, sharded, donating step ``(state, opt_state, batch, rng)``.
+
+  Gradients of ``num_micro_batches`` micro-batches are summed in a
+  `jax.lax.scan`, then one optimizer update is applied. In/out shardings are
+  the NamedShardings the state and optimizer state already carry (see
+  `shard_train_state`); the batch is sharded over ``batch_axes``. The state
+  and optimizer state are donated: do not reuse the arrays passed in.
+
+  Returns:
+    ``step_fn(state, opt_state, batch, rng, ref_state=None) ->
+    (state, opt_state, metrics)``.
+  """
+  m = int(num_micro_batches)
+  axes = tuple(a for a in batch_axes if a in mesh.axis_names) or None
+
+  def constrain_micro(x):
+    return jax.lax.with_sharding_constraint(
+        x, NamedSharding(mesh, P(None, axes)))
+
+  def step(state, opt_state, batch, rng, ref_state):
+    del rng  # Reserved for stochastic losses; the GRPO/SFT losses are not.
+    params, rest = split_params(state)
+    ref_model = (None if ref_state is None
+                 else nnx.merge(ref_graphdef or model_graphdef,
+                                jax.lax.stop_gradient(ref_state)))
+    inputs, metrics = loss_fns.prepare(batch)
+
+    def loss_of(p, mb):
+      return loss_fns.micro_loss(nnx.merge(model_graphdef, p, rest), mb,
+                                 ref_model)
+
+    grad_fn = jax.value_and_grad(loss_of, has_aux=True)
+    if m == 1:
+      (loss, sums), grads = grad_fn(params, inputs)
+    else:
+      micro = jax.tree.map(constrain_micro,
+                           batch_lib.split_micro_batches(inputs, m))
+      first = jax.tree.map(lambda x: x[0], micro)
+      zero = jax.tree.map(jnp.zeros_like,
+                          jax.eval_shape(grad_fn, params, first))
+
+      def body(acc, mb):
+        out = grad_fn(params, mb)
+        return jax.tree.map(jnp.add, acc, out), None
+
+      ((loss, sums), grads), _ = jax.lax.scan(body, zero, micro)
+    metrics = dict(loss_fns.finalize(sums, metrics))
+    metrics["loss"] = loss
+    metrics["grad_norm"] = optax.global_norm(grads)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    params = optax.apply_updates(params, updates)
+    return nnx.merge_state(params, rest), opt_state, metrics
+
+  replicated = NamedSharding(mesh, P())
+  cache = {}
+
+  def step_fn(state, opt_state, batch, rng, ref_state=None):
+    key = ref_state is None
+    if key not in cache:
+      shard_of = lambda t: jax.tree.map(
+          lambda x: x.sharding if isinstance(x.sharding, NamedSharding)
+          else replicated, t)
+      in_sh = (shard_of(state), shard_of(opt_state),
+               data_sharding(batch, mesh, batch_axes), replicated,
+               None if ref_state is None else shard_of(ref_state))
+      cache[key] = jax.jit(
+          step, in_shardings=in_sh,
+          out_shardings=(in_sh[0], in_sh[1], replicated),
+          donate_argnums=(0, 1))
+    return cache[key](state, opt_state, batch, rng, ref_state)
+
+  return step_fn

@@ -1,0 +1,319 @@
+"""GRPO loss and train step: numpy references, meshes, gradient accumulation.
+
+The numpy references here (log-softmax shift, group normalisation, clipped
+ratio, k3 KL, aggregations, cross-entropy) are written from the formulas,
+not from `paraagent_jax.rl`. Models are small stand-ins: `FixedLogits`
+returns a parameter as its logits so that the loss can be recomputed in
+numpy from known log-probs; `TinyLM` is a causal model with sharded
+parameters for the mesh and accumulation tests.
+"""
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from paraagent_jax.rl import batch as batch_lib
+from paraagent_jax.rl import grpo
+from paraagent_jax.rl import sft_loss as sft
+from paraagent_jax.rl import train_step as ts
+
+AXES = ("data", "fsdp", "tensor")
+B, T, S, P, V = 8, 16, 4, 3, 32
+
+
+class FixedLogits(nnx.Module):
+  """Logits are a parameter: the loss becomes a function of known numbers."""
+
+  def __init__(self, logits):
+    self.logits = nnx.Param(jnp.asarray(logits, jnp.float32))
+
+  def __call__(self, tokens, attention_mask=None):
+    del tokens, attention_mask
+    return self.logits[...]
+
+
+class TinyLM(nnx.Module):
+  """Embed -> causal running mean -> MLP -> head, with sharded params."""
+
+  def __init__(self, vocab, dim, rngs):
+    part = nnx.with_partitioning
+    self.embed = nnx.Param(part(nnx.initializers.normal(1.0), ("tensor",
+                                                              "fsdp"))(
+        rngs.params(), (vocab, dim)))
+    self.mix = nnx.Linear(dim, dim, rngs=rngs, kernel_init=part(
+        nnx.initializers.lecun_normal(), ("fsdp", "tensor")))
+    self.head = nnx.Linear(dim, vocab, rngs=rngs, kernel_init=part(
+        nnx.initializers.lecun_normal(), ("fsdp", "tensor")))
+    self.norm = nnx.RMSNorm(dim, rngs=rngs)
+
+  def __call__(self, tokens, attention_mask=None):
+    mask = attention_mask.astype(jnp.float32)[..., None]
+    x = self.embed[...][tokens] * mask
+    x = jnp.cumsum(x, axis=1) / jnp.maximum(jnp.cumsum(mask, axis=1), 1.0)
+    return self.head(jnp.tanh(self.mix(self.norm(x))))
+
+
+def make_tiny(seed=0):
+  with nnx.use_eager_sharding(False):
+    return TinyLM(V, 16, nnx.Rngs(seed))
+
+
+def mesh_of(shape):
+  n = int(np.prod(shape))
+  return jax.make_mesh(shape, AXES, axis_types=(jax.sharding.AxisType.Auto,)
+                       * 3, devices=jax.devices()[:n])
+
+
+def make_batch(seed=0, with_ref=True, group_size=4, t=T):
+  return batch_lib.synthetic_batch(seed, batch_size=B, seq_len=t,
+                                   num_steps=S, num_phases=P,
+                                   group_size=group_size, vocab_size=V,
+                                   with_ref=with_ref)
+
+
+def np_logprobs(logits, tokens, entropy=False):
+  """log p(tokens[t] | <t) from the logit at t-1; 0 at position 0."""
+  logits = np.asarray(logits, np.float64)
+  b, t, _ = logits.shape
+  lp, ent = np.zeros((b, t)), np.zeros((b, t))
+  for i in range(b):
+    for j in range(1, t):
+      z = logits[i, j - 1]
+      logsm = z - z.max() - np.log(np.exp(z - z.max()).sum())
+      lp[i, j] = logsm[tokens[i, j]]
+      ent[i, j] = -(np.exp(logsm) * logsm).sum()
+  return (lp, ent) if entropy else lp
+
+
+def np_plain_grpo(logp, batch, lo, hi, beta=0.0, aggregation="token_mean"):
+  """Plain GRPO: one group-normalised reward per episode on every token."""
+  tb = {k: np.asarray(v, np.float64) for k, v in
+        (("r", batch.traj_reward), ("old", batch.old_logprobs),
+         ("ref", batch.ref_logprobs), ("mask", batch.loss_mask))}
+  gid, lens = np.asarray(batch.group_id), np.asarray(batch.seq_len)
+  b, t = logp.shape
+  adv = np.zeros(b)
+  for i in range(b):
+    r = tb["r"][gid == gid[i]]
+    if r.max() > r.min():
+      adv[i] = (tb["r"][i] - r.mean()) / (r.std() + 1e-6)
+  valid = (tb["mask"] > 0) & (np.arange(t)[None] < lens[:, None])
+  loss_tok = np.zeros((b, t))
+  clipped = np.zeros((b, t))
+  for i in range(b):
+    for j in range(t):
+      ratio = np.exp(logp[i, j] - tb["old"][i, j])
+      a = adv[i]
+      u = -a * ratio
+      c = -a * min(max(ratio, 1 - lo), 1 + hi)
+      loss_tok[i, j] = max(u, c)
+      clipped[i, j] = c > u
+      if beta:
+        d = tb["ref"][i, j] - logp[i, j]
+        loss_tok[i, j] += beta * (np.exp(d) - d - 1)
+  if aggregation == "token_mean":
+    loss = (loss_tok * valid).sum() / valid.sum()
+  else:
+    per_seq = [(loss_tok[i] * valid[i]).sum() / valid[i].sum()
+               for i in range(b) if valid[i].sum() > 0]
+    loss = float(np.mean(per_seq))
+  return loss, (clipped * valid).sum() / valid.sum()
+
+
+def fixed_logits_case(seed, with_ref=True):
+  rng = np.random.default_rng(seed)
+  batch = make_batch(seed, with_ref=with_ref)
+  logits = rng.normal(scale=2.0, size=(B, T, V))
+  logp = np_logprobs(logits, np.asarray(batch.tokens))
+  # Old log-probs near the current ones so that some ratios clip, some not.
+  old = logp + rng.normal(scale=0.3, size=logp.shape)
+  batch = batch.replace(old_logprobs=jnp.asarray(old, jnp.float32))
+  if with_ref:
+    ref = logp + rng.normal(scale=0.5, size=logp.shape)
+    batch = batch.replace(ref_logprobs=jnp.asarray(ref, jnp.float32))
+  return FixedLogits(logits), batch, logp
+
+
+def test_logprob_convention_and_entropy():
+  rng = np.random.default_rng(0)
+  logits = rng.normal(size=(2, 5, 7))
+  tokens = rng.integers(0, 7, (2, 5))
+  want_lp, want_ent = np_logprobs(logits, tokens, entropy=True)
+  lp, ent = grpo.logprobs_from_logits(jnp.asarray(logits, jnp.float32),
+                                      jnp.asarray(tokens), with_entropy=True)
+  np.testing.assert_allclose(lp, want_lp, atol=1e-5)
+  np.testing.assert_allclose(ent, want_ent, atol=1e-5)
+
+
+@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean"])
+@pytest.mark.parametrize("beta", [0.0, 0.05])
+def test_traj_only_loss_equals_numpy_plain_grpo(aggregation, beta):
+  model, batch, logp = fixed_logits_case(1)
+  cfg = grpo.GRPOConfig(levels=("traj",), clip_eps_low=0.2,
+                        clip_eps_high=0.28, beta=beta,
+                        aggregation=aggregation)
+  loss, metrics = jax.jit(lambda m, b: grpo.grpo_loss(m, b, cfg))(model,
+                                                                  batch)
+  want, want_clip = np_plain_grpo(logp, batch, 0.2, 0.28, beta, aggregation)
+  np.testing.assert_allclose(float(loss), want, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(float(metrics["clip_frac"]), want_clip,
+                             atol=1e-6)
+  assert 0.0 < want_clip < 1.0  # both branches of the clip are exercised
+
+
+def test_seq_len_not_loss_mask_bounds_the_tokens():
+  """Policy tokens past seq_len are ignored; holes in the mask are fine."""
+  model, batch, logp = fixed_logits_case(2)
+  cut = np.asarray(batch.seq_len) // 2
+  short = batch.replace(seq_len=jnp.asarray(cut, jnp.int32))
+  cfg = grpo.GRPOConfig(levels=("traj",))
+  loss, _ = grpo.grpo_loss(model, short, cfg)
+  want, _ = np_plain_grpo(logp, short, 0.2, 0.2)
+  np.testing.assert_allclose(float(loss), want, rtol=1e-5)
+
+
+def test_entropy_metric_and_bonus():
+  model, batch, _ = fixed_logits_case(3)
+  _, ent = np_logprobs(np.asarray(model.logits[...]),
+                       np.asarray(batch.tokens), entropy=True)
+  valid = np.asarray(grpo.valid_tokens(batch))
+  base = grpo.GRPOConfig(levels=("traj",))
+  loss0, m = grpo.grpo_loss(model, batch, base)
+  np.testing.assert_allclose(float(m["entropy"]), ent[valid].mean(),
+                             rtol=1e-5)
+  bonus = grpo.GRPOConfig(levels=("traj",), entropy_coef=0.1)
+  loss1, _ = grpo.grpo_loss(model, batch, bonus)
+  np.testing.assert_allclose(float(loss0 - loss1), 0.1 * ent[valid].mean(),
+                             rtol=1e-4)
+
+
+def test_beta_zero_never_touches_the_reference():
+  model, batch, _ = fixed_logits_case(4, with_ref=False)
+  loss, metrics = grpo.grpo_loss(model, batch, grpo.GRPOConfig(beta=0.0))
+  assert np.isfinite(float(loss)) and "kl" not in metrics
+  with pytest.raises(ValueError, match="ref"):
+    grpo.grpo_loss(model, batch, grpo.GRPOConfig(beta=0.1))
+  # A reference identical to the policy has zero KL.
+  _, metrics = grpo.grpo_loss(model, batch, grpo.GRPOConfig(beta=0.1),
+                              ref_model=model)
+  np.testing.assert_allclose(float(metrics["kl"]), 0.0, atol=1e-7)
+
+
+def test_sft_loss_matches_numpy_cross_entropy():
+  model, batch, logp = fixed_logits_case(5)
+  mask = np.asarray(batch.loss_mask).copy()
+  mask[:, 0] = 0
+  want = -(logp * mask).sum() / mask.sum()
+  got = sft.sft_loss(model, batch.tokens, batch.loss_mask,
+                     batch.attention_mask)
+  np.testing.assert_allclose(float(got), want, rtol=1e-5)
+
+
+def test_schedule_warmup_then_cosine():
+  cfg = ts.OptimizerConfig(learning_rate=1.0, warmup_steps=4, total_steps=14,
+                           end_lr_ratio=0.0)
+  sched = ts.make_schedule(cfg)
+  assert float(sched(2)) == pytest.approx(0.5)
+  assert float(sched(4)) == pytest.approx(1.0)
+  assert float(sched(9)) == pytest.approx(0.5 * (1 + np.cos(np.pi * 0.5)))
+  assert float(sched(14)) == pytest.approx(0.0, abs=1e-7)
+  with pytest.raises(ValueError, match="unknown"):
+    ts.config_from_mapping(ts.OptimizerConfig, {"lr": 1.0})
+
+
+def run_steps(mesh, cfg, n_steps=2, kind="grpo", seed=0):
+  """n optimizer steps of TinyLM on a fresh model; returns (params, metrics)."""
+  model = make_tiny(seed)
+  graphdef, state = nnx.split(model)
+  optimizer = ts.make_optimizer(ts.OptimizerConfig(
+      learning_rate=0.05, warmup_steps=1, total_steps=10, weight_decay=0.01,
+      max_grad_norm=0.5))
+  state, opt_state = ts.shard_train_state(state, optimizer, mesh)
+  if kind == "grpo":
+    step = grpo.make_train_step(graphdef, optimizer, cfg, mesh)
+  else:
+    step = sft.make_sft_train_step(graphdef, optimizer, mesh,
+                                   num_micro_batches=cfg.num_micro_batches)
+  metrics = []
+  for i in range(n_steps):
+    batch = make_batch(10 + i)
+    if kind == "sft":
+      batch = {"tokens": batch.tokens, "loss_mask": batch.loss_mask,
+               "attention_mask": batch.attention_mask}
+    state, opt_state, m = step(state, opt_state, batch, jax.random.key(i))
+    metrics.append(jax.device_get(m))
+  params = jax.tree.map(np.asarray, ts.split_params(state)[0])
+  return params, metrics, state
+
+
+def assert_trees_close(a, b, atol):
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_allclose(x, y, atol=atol, rtol=atol)
+
+
+def test_mesh_2x2x2_matches_one_device():
+  cfg = grpo.GRPOConfig(beta=0.02, clip_eps_high=0.28)
+  p1, m1, _ = run_steps(mesh_of((1, 1, 1)), cfg)
+  p8, m8, state8 = run_steps(mesh_of((2, 2, 2)), cfg)
+  assert_trees_close(p1, p8, 2e-5)
+  for a, b in zip(m1, m8):
+    for k in ("loss", "grad_norm", "clip_frac", "kl", "entropy",
+              "adv/step_std"):
+      np.testing.assert_allclose(a[k], b[k], rtol=2e-5, atol=1e-6, err_msg=k)
+  # The parameters really are split over the mesh.
+  spec = state8["head"]["kernel"][...].sharding.spec
+  assert tuple(spec) == ("fsdp", "tensor")
+  assert len(state8["head"]["kernel"][...].addressable_shards) == 8
+  # Two steps moved the parameters at all (else the test proves nothing).
+  p0 = jax.tree.map(np.asarray, ts.split_params(nnx.split(make_tiny())[1])[0])
+  assert max(np.abs(x - y).max() for x, y in
+             zip(jax.tree.leaves(p0), jax.tree.leaves(p1))) > 1e-3
+
+
+@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean"])
+def test_two_micro_batches_equal_one_full_batch(aggregation):
+  mesh = mesh_of((2, 2, 2))
+  full = grpo.GRPOConfig(aggregation=aggregation, num_micro_batches=1)
+  micro = grpo.GRPOConfig(aggregation=aggregation, num_micro_batches=2)
+  p_full, m_full, _ = run_steps(mesh, full)
+  p_micro, m_micro, _ = run_steps(mesh, micro)
+  assert_trees_close(p_full, p_micro, 2e-5)
+  for a, b in zip(m_full, m_micro):
+    for k in ("loss", "grad_norm", "clip_frac", "adv/traj_std"):
+      np.testing.assert_allclose(a[k], b[k], rtol=2e-5, atol=1e-6, err_msg=k)
+
+
+def test_sft_step_accumulation_and_mesh():
+  one = grpo.GRPOConfig(num_micro_batches=1)
+  two = grpo.GRPOConfig(num_micro_batches=2)
+  p_ref, m_ref, _ = run_steps(mesh_of((1, 1, 1)), one, kind="sft")
+  p_acc, m_acc, _ = run_steps(mesh_of((2, 2, 2)), two, kind="sft")
+  assert_trees_close(p_ref, p_acc, 2e-5)
+  np.testing.assert_allclose(m_ref[0]["loss"], m_acc[0]["loss"], rtol=1e-5)
+
+
+def test_first_step_loss_matches_numpy_and_update_is_adamw():
+  """One GRPO step on FixedLogits: the loss and the AdamW update by hand."""
+  model, batch, logp = fixed_logits_case(6)
+  mesh = mesh_of((1, 1, 1))
+  graphdef, state = nnx.split(model)
+  lr = 0.1
+  optimizer = ts.make_optimizer(ts.OptimizerConfig(
+      learning_rate=lr, warmup_steps=0, schedule="constant",
+      max_grad_norm=0.0, adam_eps=1e-30))
+  state, opt_state = ts.shard_train_state(state, optimizer, mesh)
+  before = np.asarray(state["logits"][...])
+  cfg = grpo.GRPOConfig(levels=("traj",), compute_entropy=False)
+  step = grpo.make_train_step(graphdef, optimizer, cfg, mesh)
+  state, _, m = step(state, opt_state, batch, jax.random.key(0))
+  want, _ = np_plain_grpo(logp, batch, 0.2, 0.2)
+  np.testing.assert_allclose(float(m["loss"]), want, rtol=1e-5)
+  # Adam's first step moves every parameter with a nonzero gradient by
+  # exactly lr * sign(grad) (bias correction makes m/sqrt(v) = sign(g)).
+  delta = np.asarray(state["logits"][...]) - before
+  moved = np.abs(delta) > 1e-9
+  assert moved.any()
+  np.testing.assert_allclose(np.abs(delta[moved]), lr, rtol=1e-3)
+  assert "entropy" not in m
