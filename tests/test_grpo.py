@@ -317,3 +317,46 @@ def test_first_step_loss_matches_numpy_and_update_is_adamw():
   assert moved.any()
   np.testing.assert_allclose(np.abs(delta[moved]), lr, rtol=1e-3)
   assert "entropy" not in m
+
+
+def test_dropped_and_truncated_episodes_leave_the_denominator():
+  """drop_no_spread_groups / mask_truncated equal removing those episodes."""
+  model, batch, logp = fixed_logits_case(7)
+  r = np.asarray(batch.traj_reward).copy()
+  r[:4] = 1.0  # group 0: no trajectory spread ...
+  batch = batch.replace(
+      traj_reward=jnp.asarray(r),
+      step_reward=batch.step_reward.at[:4].set(0.0),   # ... nor step spread
+      phase_reward=batch.phase_reward.at[:4].set(0.0),  # ... nor phase spread
+      truncated=jnp.asarray([False] * 5 + [True] + [False] * 2))
+  cfg = grpo.GRPOConfig(drop_no_spread_groups=True, mask_truncated=True)
+  loss, m = grpo.grpo_loss(model, batch, cfg)
+  np.testing.assert_allclose(float(m["dropped_episode_frac"]), 0.5)
+  # Same as zeroing the loss mask of episodes 0-3 (flat group) and 5
+  # (truncated) by hand: they leave the token-mean denominator.
+  keep = np.array([0, 0, 0, 0, 1, 0, 1, 1], np.float32)
+  by_hand = batch.replace(loss_mask=batch.loss_mask * keep[:, None])
+  want, _ = grpo.grpo_loss(model, by_hand, grpo.GRPOConfig())
+  np.testing.assert_allclose(float(loss), float(want), rtol=1e-6)
+  # And traj-only against numpy, where group 0 is dropped by hand.
+  loss_t, _ = grpo.grpo_loss(model, batch, grpo.GRPOConfig(
+      levels=("traj",), drop_no_spread_groups=True, mask_truncated=True))
+  want_t, _ = np_plain_grpo(logp, by_hand, 0.2, 0.2)
+  np.testing.assert_allclose(float(loss_t), want_t, rtol=1e-5)
+
+
+def test_eval_steps_match_the_losses():
+  model, batch, logp = fixed_logits_case(8)
+  mesh = mesh_of((2, 2, 2))
+  graphdef, state = nnx.split(model)
+  cfg = grpo.GRPOConfig(levels=("traj",))
+  m = grpo.make_eval_step(graphdef, cfg, mesh)(state, batch)
+  want, _ = np_plain_grpo(logp, batch, 0.2, 0.2)
+  np.testing.assert_allclose(float(m["loss"]), want, rtol=1e-5)
+  m = sft.make_sft_eval_step(graphdef, mesh)(
+      state, {"tokens": batch.tokens, "loss_mask": batch.loss_mask,
+              "attention_mask": batch.attention_mask})
+  mask = np.asarray(batch.loss_mask).copy()
+  mask[:, 0] = 0
+  np.testing.assert_allclose(float(m["loss"]),
+                             -(logp * mask).sum() / mask.sum(), rtol=1e-5)

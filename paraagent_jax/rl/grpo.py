@@ -58,6 +58,8 @@ class GRPOConfig:
     adv_eps: eps added to each group's std.
     normalize: "mean_std" or "mean" (Dr. GRPO, no std division).
     drop_no_spread_groups: mask groups with no spread at any enabled level.
+    mask_truncated: train on no token of truncated episodes (their rewards
+      still count in the group statistics); DAPO's overlong filtering.
     num_micro_batches: gradient accumulation steps within one update.
   """
 
@@ -72,6 +74,7 @@ class GRPOConfig:
   adv_eps: float = 1e-6
   normalize: str = "mean_std"
   drop_no_spread_groups: bool = False
+  mask_truncated: bool = False
   num_micro_batches: int = 1
 
   def __post_init__(self):
@@ -139,6 +142,8 @@ def prepare(batch: batch_lib.TrajectoryBatch, config: GRPOConfig):
     batch, keep = batch_lib.drop_no_spread_groups(batch, config.levels)
     metrics["dropped_episode_frac"] = 1.0 - jnp.mean(keep.astype(jnp.float32))
   valid = valid_tokens(batch)
+  if config.mask_truncated:
+    valid &= ~batch.truncated[:, None]
   adv = adv_lib.compute_advantages(
       traj_reward=batch.traj_reward, group_id=batch.group_id,
       step_reward=batch.step_reward, step_mask=batch.step_mask,
@@ -281,6 +286,18 @@ def make_train_step(model_graphdef, optimizer: optax.GradientTransformation,
       model_graphdef, optimizer, grpo_loss_fns(cfg), mesh,
       num_micro_batches=cfg.num_micro_batches, batch_axes=batch_axes,
       ref_graphdef=ref_graphdef)
+
+
+def make_eval_step(model_graphdef, config, mesh: jax.sharding.Mesh, *,
+                   batch_axes: Sequence[str] = ts.DEFAULT_BATCH_AXES):
+  """Jitted ``eval_fn(state, batch) -> metrics`` of the GRPO loss, no update.
+
+  A reference model is not available here: use ``beta == 0`` or a batch
+  with ``ref_logprobs``.
+  """
+  cfg = ts.config_from_mapping(GRPOConfig, config)
+  return ts.build_eval_step(model_graphdef, grpo_loss_fns(cfg), mesh,
+                            batch_axes=batch_axes)
 
 
 # The optimizer and placement helpers, re-exported for the trainer.

@@ -99,3 +99,15 @@ def make_sft_train_step(model_graphdef,
     return step(state, opt_state, _fields(batch), rng)
 
   return step_fn
+
+
+def make_sft_eval_step(model_graphdef, mesh: jax.sharding.Mesh, *,
+                       batch_axes: Sequence[str] = ts.DEFAULT_BATCH_AXES):
+  """Jitted validation loss ``eval_fn(state, batch) -> {"loss", ...}``.
+
+  The same token-mean NLL as the train step, without an update; the state is
+  not donated.
+  """
+  evaluate = ts.build_eval_step(model_graphdef, SFT_LOSS_FNS, mesh,
+                                batch_axes=batch_axes)
+  return lambda state, batch: evaluate(state, _fields(batch))

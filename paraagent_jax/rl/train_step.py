@@ -288,3 +288,35 @@ def build_train_step(model_graphdef, optimizer: optax.GradientTransformation,
     return cache[key](state, opt_state, batch, rng, ref_state)
 
   return step_fn
+
+
+def build_eval_step(model_graphdef, loss_fns: LossFns,
+                    mesh: jax.sharding.Mesh, *,
+                    batch_axes: Sequence[str] = DEFAULT_BATCH_AXES):
+  """A jitted loss-and-metrics evaluation (no gradient, no update).
+
+  Returns:
+    ``eval_fn(state, batch) -> metrics`` (``loss`` included).
+  """
+  replicated = NamedSharding(mesh, P())
+
+  def evaluate(state, batch):
+    inputs, metrics = loss_fns.prepare(batch)
+    loss, sums = loss_fns.micro_loss(nnx.merge(model_graphdef, state),
+                                     inputs, None)
+    metrics = dict(loss_fns.finalize(sums, metrics))
+    metrics["loss"] = loss
+    return metrics
+
+  cache = {}
+
+  def eval_fn(state, batch):
+    if "fn" not in cache:
+      in_sh = (jax.tree.map(
+          lambda x: x.sharding if isinstance(x.sharding, NamedSharding)
+          else replicated, state), data_sharding(batch, mesh, batch_axes))
+      cache["fn"] = jax.jit(evaluate, in_shardings=in_sh,
+                            out_shardings=replicated)
+    return cache["fn"](state, batch)
+
+  return eval_fn
