@@ -71,7 +71,8 @@ class _StandInLM(nnx.Module):
 def build_model(seed: int):
   """The demo preset of Qwen3 if it exists, else a same-sized stand-in."""
   try:
-    from paraagent_jax.models import qwen3  # pylint: disable=g-import-not-at-top
+    # pylint: disable-next=g-import-not-at-top
+    from paraagent_jax.models import qwen3
   except ImportError:
     qwen3 = None
   if qwen3 is not None:

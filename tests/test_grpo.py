@@ -360,3 +360,23 @@ def test_eval_steps_match_the_losses():
   mask[:, 0] = 0
   np.testing.assert_allclose(float(m["loss"]),
                              -(logp * mask).sum() / mask.sum(), rtol=1e-5)
+
+
+def test_train_step_with_reference_model_state():
+  """beta > 0 without batch ref_logprobs: the frozen ref_state is used."""
+  mesh = mesh_of((2, 2, 2))
+  graphdef, state = nnx.split(make_tiny(3))
+  optimizer = ts.make_optimizer(ts.OptimizerConfig(learning_rate=0.05,
+                                                   warmup_steps=0))
+  state, opt_state = ts.shard_train_state(state, optimizer, mesh)
+  ref_state = jax.tree.map(jnp.copy, state)  # not donated with `state`
+  step = grpo.make_train_step(graphdef, optimizer, grpo.GRPOConfig(beta=0.1),
+                              mesh)
+  kls = []
+  for i in range(2):
+    batch = make_batch(20 + i, with_ref=False)
+    state, opt_state, m = step(state, opt_state, batch, jax.random.key(i),
+                               ref_state=ref_state)
+    kls.append(float(m["kl"]))
+  # Policy == reference before the first update; they differ after it.
+  assert kls[0] == pytest.approx(0.0, abs=1e-7) and kls[1] > 1e-6

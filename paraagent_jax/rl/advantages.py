@@ -59,7 +59,8 @@ class Advantages(NamedTuple):
   step: jax.Array
 
 
-def _check_options(levels: Sequence[str], normalize: str) -> None:
+def check_options(levels: Sequence[str], normalize: str) -> None:
+  """Raises ValueError for unknown level names or normalisation modes."""
   unknown = set(levels) - set(ALL_LEVELS)
   if unknown:
     raise ValueError(f"unknown advantage levels {sorted(unknown)}; "
@@ -94,7 +95,8 @@ def segment_normalize(values, segment_ids, valid, num_segments: int,
   mean = jax.ops.segment_sum(values * w, ids, num_segments=n) / denom
   centered = values - mean[ids]
   # Two-pass variance: numerically safer than E[x^2] - E[x]^2 in float32.
-  var = jax.ops.segment_sum(centered * centered * w, ids, num_segments=n) / denom
+  sq = centered * centered * w
+  var = jax.ops.segment_sum(sq, ids, num_segments=n) / denom
   std = jnp.sqrt(var)
   vmax = jax.ops.segment_max(jnp.where(valid, values, -jnp.inf), ids,
                              num_segments=n)
@@ -128,7 +130,7 @@ def level_advantages(*, traj_reward, group_id, step_reward, step_mask,
     (a_traj [B], a_phase [B,P], a_step [B,S], spreads) where spreads is a
     dict level -> has_spread over that level's segments.
   """
-  _check_options((), normalize)
+  check_options((), normalize)
   b = traj_reward.shape[0]
   group_id = group_id.astype(jnp.int32)
   a_traj, traj_spread = segment_normalize(
@@ -166,7 +168,7 @@ def compute_advantages(*, traj_reward, group_id, step_reward, step_mask,
   Returns:
     An `Advantages` tuple.
   """
-  _check_options(levels, normalize)
+  check_options(levels, normalize)
   a_traj, a_phase, a_step, _ = level_advantages(
       traj_reward=traj_reward, group_id=group_id, step_reward=step_reward,
       step_mask=step_mask, step_phase_type=step_phase_type,
@@ -255,7 +257,7 @@ def group_has_spread(*, traj_reward, group_id, step_reward, step_mask,
 
   A (group, phase type) segment with spread counts for its group.
   """
-  _check_options(levels, "mean_std")
+  check_options(levels, "mean_std")
   b = traj_reward.shape[0]
   group_id = group_id.astype(jnp.int32)
   _, _, _, spreads = level_advantages(

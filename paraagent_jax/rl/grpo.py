@@ -87,7 +87,7 @@ class GRPOConfig:
     object.__setattr__(self, "level_weights",
                        tuple(tuple(float(w) for w in r)
                              for r in self.level_weights))
-    adv_lib._check_options(self.levels, self.normalize)  # pylint: disable=protected-access
+    adv_lib.check_options(self.levels, self.normalize)
 
 
 def logprobs_from_logits(logits, tokens, with_entropy: bool = False):

@@ -221,7 +221,8 @@ def build_train_step(model_graphdef, optimizer: optax.GradientTransformation,
   Gradients of ``num_micro_batches`` micro-batches are summed in a
   `jax.lax.scan`, then one optimizer update is applied. In/out shardings are
   the NamedShardings the state and optimizer state already carry (see
-  `shard_train_state`); the batch is sharded over ``batch_axes``. The state
+  `shard_train_state`); the batch is sharded over ``batch_axes`` (B, and
+  B / num_micro_batches, must divide by the product of their sizes). The state
   and optimizer state are donated: do not reuse the arrays passed in.
 
   Returns:
@@ -273,7 +274,8 @@ def build_train_step(model_graphdef, optimizer: optax.GradientTransformation,
   cache = {}
 
   def step_fn(state, opt_state, batch, rng, ref_state=None):
-    key = ref_state is None
+    # One compiled step per batch structure (e.g. with/without ref_logprobs).
+    key = (ref_state is None, jax.tree.structure(batch))
     if key not in cache:
       shard_of = lambda t: jax.tree.map(
           lambda x: x.sharding if isinstance(x.sharding, NamedSharding)
@@ -311,12 +313,13 @@ def build_eval_step(model_graphdef, loss_fns: LossFns,
   cache = {}
 
   def eval_fn(state, batch):
-    if "fn" not in cache:
+    key = jax.tree.structure(batch)
+    if key not in cache:
       in_sh = (jax.tree.map(
           lambda x: x.sharding if isinstance(x.sharding, NamedSharding)
           else replicated, state), data_sharding(batch, mesh, batch_axes))
-      cache["fn"] = jax.jit(evaluate, in_shardings=in_sh,
-                            out_shardings=replicated)
-    return cache["fn"](state, batch)
+      cache[key] = jax.jit(evaluate, in_shardings=in_sh,
+                           out_shardings=replicated)
+    return cache[key](state, batch)
 
   return eval_fn
