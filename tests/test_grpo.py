@@ -380,3 +380,13 @@ def test_train_step_with_reference_model_state():
     kls.append(float(m["kl"]))
   # Policy == reference before the first update; they differ after it.
   assert kls[0] == pytest.approx(0.0, abs=1e-7) and kls[1] > 1e-6
+
+
+def test_temperature_divides_the_logits():
+  model, batch, _ = fixed_logits_case(9)
+  logits = np.asarray(model.logits[...])
+  logp_hot = np_logprobs(logits / 0.7, np.asarray(batch.tokens))
+  loss, _ = grpo.grpo_loss(model, batch, grpo.GRPOConfig(levels=("traj",),
+                                                         temperature=0.7))
+  want, _ = np_plain_grpo(logp_hot, batch, 0.2, 0.2)
+  np.testing.assert_allclose(float(loss), want, rtol=1e-5)

@@ -61,6 +61,10 @@ class GRPOConfig:
     mask_truncated: train on no token of truncated episodes (their rewards
       still count in the group statistics); DAPO's overlong filtering.
     num_micro_batches: gradient accumulation steps within one update.
+    temperature: logits are divided by this before the log-softmax. Keep 1
+      when ``old_logprobs`` are the sampler's plain ``logprobs``
+      (`paraagent_jax.sampling` reports those at temperature 1); set it to
+      the sampling temperature only if the batch carries tempered log-probs.
   """
 
   clip_eps_low: float = 0.2
@@ -76,6 +80,7 @@ class GRPOConfig:
   drop_no_spread_groups: bool = False
   mask_truncated: bool = False
   num_micro_batches: int = 1
+  temperature: float = 1.0
 
   def __post_init__(self):
     if self.aggregation not in AGGREGATIONS:
@@ -83,6 +88,8 @@ class GRPOConfig:
                        f"choose from {AGGREGATIONS}")
     if self.clip_eps_low < 0 or self.clip_eps_high < 0:
       raise ValueError("clip ranges must be >= 0")
+    if self.temperature <= 0:
+      raise ValueError("temperature must be > 0")
     object.__setattr__(self, "levels", tuple(self.levels))
     object.__setattr__(self, "level_weights",
                        tuple(tuple(float(w) for w in r)
@@ -203,6 +210,8 @@ def token_loss_terms(logp, inputs, config: GRPOConfig, ref_logp=None,
 def micro_loss(model, inputs, ref_model, config: GRPOConfig):
   """Weighted GRPO loss of one micro-batch (sums to the batch loss)."""
   logits = model(inputs["tokens"], attention_mask=inputs["attention_mask"])
+  if config.temperature != 1.0:
+    logits = logits / config.temperature
   want_entropy = config.compute_entropy or config.entropy_coef != 0
   out = logprobs_from_logits(logits, inputs["tokens"], want_entropy)
   logp, entropy = out if want_entropy else (out, None)
@@ -216,6 +225,8 @@ def micro_loss(model, inputs, ref_model, config: GRPOConfig):
         raise ValueError("beta > 0 needs batch.ref_logprobs or a ref_state")
       ref_logits = ref_model(inputs["tokens"],
                              attention_mask=inputs["attention_mask"])
+      if config.temperature != 1.0:
+        ref_logits = ref_logits / config.temperature
       ref_logp = logprobs_from_logits(ref_logits, inputs["tokens"])
     ref_logp = jax.lax.stop_gradient(ref_logp)
   loss, sums = token_loss_terms(logp, inputs, config, ref_logp, entropy)
