@@ -390,3 +390,17 @@ def test_temperature_divides_the_logits():
                                                          temperature=0.7))
   want, _ = np_plain_grpo(logp_hot, batch, 0.2, 0.2)
   np.testing.assert_allclose(float(loss), want, rtol=1e-5)
+
+
+def test_configs_from_config_dicts():
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  cfg = ts.config_from_mapping(grpo.GRPOConfig, ml_collections.ConfigDict(
+      {"levels": ["traj", "step"], "beta": 0.1, "level_weights":
+       [[1, 0, 0], [1, 0, 1], [1, 0, 0]]}))
+  assert cfg.levels == ("traj", "step") and cfg.level_weights[1] == (1, 0, 1)
+  with pytest.raises(ValueError, match="aggregation"):
+    grpo.GRPOConfig(aggregation="sum")
+  with pytest.raises(ValueError, match="levels"):
+    grpo.GRPOConfig(levels=("trajectory",))
+  opt = ts.make_optimizer(ml_collections.ConfigDict({"learning_rate": 1e-3}))
+  assert opt.init({"w": jnp.ones((2, 2))}) is not None
