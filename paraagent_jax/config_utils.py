@@ -1,0 +1,228 @@
+"""Python configs in the big_vision style: ``configs/x.py:key=value,...``.
+
+A config file defines ``get_config(arg=None) -> ml_collections.ConfigDict``.
+``arg`` is the text after the colon. The file reads the few arguments that
+change its *shape* (``runlocal``, ``size``, ``stage``) with `parse_arg`;
+afterwards `load_config` applies every ``key=value`` pair as an override of
+the returned config, typed by the value already there, so that any key,
+nested ones with dots included (``optimizer.learning_rate=3e-4``), can be set
+from the command line. A key that neither the file's arguments nor the config
+know is an error that names the closest keys. Every argument a file reads is
+also stored in its config, so both steps agree.
+
+Values: bools (``True``/``false``/``1``/``0``), ints, floats, strings, and
+tuples or lists written with brackets (``mesh_shape=(2,2,2)``); commas inside
+brackets or quotes do not split pairs.
+
+Every error is a `ConfigError` whose message is one line, so the command line
+can print it without a traceback.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import importlib.util
+import os
+from typing import Any, Iterator
+
+import ml_collections
+
+
+class ConfigError(ValueError):
+  """A bad config path, key or value; the message is one line."""
+
+
+def split_pairs(arg: str | None) -> list[tuple[str, str]]:
+  """Splits ``"a=1,b.c=(1,2),d='x,y'"`` into ``[(key, raw_value), ...]``.
+
+  Commas split pairs only outside brackets and quotes. A bare ``key`` (no
+  ``=``) means ``key=True``, so ``:runlocal`` works like big_vision's.
+  """
+  if not arg:
+    return []
+  parts, depth, quote, cur = [], 0, None, []
+  for ch in arg:
+    if quote:
+      quote = None if ch == quote else quote
+    elif ch in "'\"":
+      quote = ch
+    elif ch in "([{":
+      depth += 1
+    elif ch in ")]}":
+      depth -= 1
+    elif ch == "," and depth == 0:
+      parts.append("".join(cur))
+      cur = []
+      continue
+    cur.append(ch)
+  if quote or depth:
+    raise ConfigError(f"unbalanced brackets or quotes in config arguments "
+                      f"{arg!r}")
+  parts.append("".join(cur))
+  pairs = []
+  for part in parts:
+    part = part.strip()
+    if not part:
+      continue
+    key, sep, value = part.partition("=")
+    key = key.strip()
+    if not key or any(c.isspace() for c in key):
+      raise ConfigError(f"bad config argument {part!r}; expected key=value")
+    pairs.append((key, value.strip() if sep else "True"))
+  return pairs
+
+
+def _literal(raw: str):
+  try:
+    return ast.literal_eval(raw)
+  except (ValueError, SyntaxError):
+    return raw
+
+
+def parse_value(key: str, raw: str, default: Any) -> Any:
+  """Converts ``raw`` to the type of ``default`` (the value it replaces)."""
+  # bool before int: bool is a subclass of int.
+  if isinstance(default, bool):
+    low = raw.lower()
+    if low in ("true", "1", "yes"):
+      return True
+    if low in ("false", "0", "no"):
+      return False
+    raise ConfigError(f"{key}={raw!r}: expected a bool (True/False)")
+  if isinstance(default, int):
+    try:
+      return int(raw)
+    except ValueError:
+      raise ConfigError(f"{key}={raw!r}: expected an int") from None
+  if isinstance(default, float):
+    try:
+      return float(raw)
+    except ValueError:
+      raise ConfigError(f"{key}={raw!r}: expected a float") from None
+  if isinstance(default, str):
+    value = _literal(raw)
+    return value if isinstance(value, str) else raw
+  if isinstance(default, (tuple, list)):
+    value = _literal(raw)
+    if not isinstance(value, (tuple, list)):
+      value = (value,)
+    return type(default)(value)
+  if default is None:
+    return _literal(raw) if raw != "None" else None
+  raise ConfigError(f"{key}: cannot set a value of type "
+                    f"{type(default).__name__} from the command line")
+
+
+def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
+  """Reads a config file's own arguments, typed by ``defaults``.
+
+  Pairs whose key is not in ``defaults`` are left for `load_config`, which
+  applies them as overrides of the finished config (and rejects unknown
+  ones there).
+
+  Example::
+
+    def get_config(arg=None):
+      a = config_utils.parse_arg(arg, runlocal=False, stage="sft")
+
+  Returns:
+    A ConfigDict with exactly the keys of ``defaults``.
+  """
+  out = dict(defaults)
+  for key, raw in split_pairs(arg):
+    if key in defaults:
+      out[key] = parse_value(key, raw, defaults[key])
+  return ml_collections.ConfigDict(out)
+
+
+def iter_keys(config, prefix: str = "") -> Iterator[str]:
+  """All dotted leaf and node keys of a (nested) ConfigDict."""
+  for key in config.keys():
+    path = prefix + key
+    yield path
+    value = config[key]
+    if isinstance(value, (ml_collections.ConfigDict, dict)):
+      yield from iter_keys(value, path + ".")
+
+
+def _unknown(key: str, config) -> ConfigError:
+  keys = list(iter_keys(config))
+  close = difflib.get_close_matches(key, keys, n=3, cutoff=0.6)
+  leaf = key.rsplit(".", 1)[-1]
+  close += [k for k in keys if k.rsplit(".", 1)[-1] == leaf and k not in close]
+  hint = (f"; did you mean {', '.join(close[:3])}?" if close
+          else "; see the config file for the keys")
+  return ConfigError(f"unknown config key {key!r}{hint}")
+
+
+def set_override(config: ml_collections.ConfigDict, key: str, raw: str):
+  """Sets dotted ``key`` of ``config`` from its command-line text ``raw``."""
+  node, parts = config, key.split(".")
+  for i, part in enumerate(parts):
+    if not isinstance(node, (ml_collections.ConfigDict, dict)) or (
+        part not in node):
+      raise _unknown(key, config)
+    if i < len(parts) - 1:
+      node = node[part]
+  last = parts[-1]
+  current = node[last]
+  if isinstance(current, (ml_collections.ConfigDict, dict)):
+    raise ConfigError(f"{key} is a group of settings, not a value; set one "
+                      f"of {', '.join(key + '.' + k for k in current)}")
+  # Replacing an existing key is allowed even on a locked ConfigDict.
+  node[last] = parse_value(key, raw, current)
+
+
+def split_spec(spec: str) -> tuple[str, str]:
+  """``"configs/x.py:a=1"`` -> ``("configs/x.py", "a=1")``."""
+  path, _, arg = spec.partition(":")
+  # "C:\\..." never reaches us on the platforms we run on; keep it simple.
+  return path, arg
+
+
+def _import_file(path: str):
+  if not path.endswith(".py"):
+    raise ConfigError(f"config {path!r} is not a .py file "
+                      f"(expected configs/NAME.py[:key=value,...])")
+  if not os.path.isfile(path):
+    here = os.path.dirname(path) or "."
+    known = (sorted(f for f in os.listdir(here) if f.endswith(".py"))
+             if os.path.isdir(here) else [])
+    hint = f"; available in {here}: {', '.join(known)}" if known else ""
+    raise ConfigError(f"config file {path!r} not found{hint}")
+  name = "paraagent_config_" + os.path.basename(path)[:-3]
+  module_spec = importlib.util.spec_from_file_location(name, path)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  if not hasattr(module, "get_config"):
+    raise ConfigError(f"config file {path!r} defines no get_config(arg)")
+  return module
+
+
+def load_config(spec: str) -> ml_collections.ConfigDict:
+  """Loads ``configs/x.py[:key=value,...]`` and applies the overrides.
+
+  Raises:
+    ConfigError: missing file, unknown key (with close matches) or a value
+      that does not fit the key's type. The message is one line.
+  """
+  path, arg = split_spec(spec)
+  module = _import_file(path)
+  pairs = split_pairs(arg)
+  config = module.get_config(arg or None)
+  if not isinstance(config, ml_collections.ConfigDict):
+    raise ConfigError(f"{path}: get_config must return an "
+                      f"ml_collections.ConfigDict, got {type(config).__name__}")
+  for key, raw in pairs:
+    set_override(config, key, raw)
+  return config
+
+
+def to_dict(config) -> dict:
+  """A plain, JSON-serialisable dict of a ConfigDict (tuples as lists)."""
+  if isinstance(config, (ml_collections.ConfigDict, dict)):
+    return {k: to_dict(config[k]) for k in config.keys()}
+  if isinstance(config, (tuple, list)):
+    return [to_dict(v) for v in config]
+  return config
