@@ -226,3 +226,70 @@ def to_dict(config) -> dict:
   if isinstance(config, (tuple, list)):
     return [to_dict(v) for v in config]
   return config
+
+
+def train_defaults() -> ml_collections.ConfigDict:
+  """The keys every training config has, with neutral defaults.
+
+  Config files start from this and change what they need, so that the
+  trainer can rely on every key existing (and command-line overrides of a
+  key that a file does not mention still work).
+  """
+  c = ml_collections.ConfigDict()
+  c.stage = "sft"            # "sft" | "rl" | "pipeline"
+  c.runlocal = False
+  c.seed = 0
+  # An HF directory (config.json + *.safetensors) or an Orbax checkpoint
+  # (workdir, its checkpoints/ dir or one step dir); "" = from scratch.
+  # Used only when the workdir has no checkpoint of its own.
+  c.init_from = ""
+  # Multi-host: "auto" initialises jax.distributed on a multi-host TPU slice.
+  c.distributed = "auto"     # "auto" | "on" | "off"
+
+  c.model = ml_collections.ConfigDict()
+  c.model.preset = "tiny"    # a paraagent_jax.models.qwen3 preset
+  c.model.vocab_size = 0     # 0 = the preset's (or the tokenizer's)
+  c.model.param_dtype = "float32"
+  c.model.dtype = "float32"
+  c.model.scan_layers = False
+  c.model.remat = "none"
+
+  # Mesh axis sizes (paraagent_jax.sharding.make_mesh); -1 = all the rest.
+  c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))
+
+  c.data = ml_collections.ConfigDict()
+  c.data.source = "synthetic"  # a module of paraagent_jax.data
+  c.data.seed = 0
+  c.data.vocab_size = 256      # synthetic only
+  c.data.min_len = 2
+  c.data.max_len = 16
+  c.batch_size = 8           # global batch (rows)
+  c.seq_len = 64
+  c.num_micro_batches = 1
+
+  c.total_steps = 100
+  c.optimizer = ml_collections.ConfigDict()
+  c.optimizer.learning_rate = 1e-3
+  c.optimizer.warmup_steps = 10
+  c.optimizer.total_steps = 0   # schedule length; 0 = total_steps
+  c.optimizer.schedule = "cosine"
+  c.optimizer.end_lr_ratio = 0.1
+  c.optimizer.weight_decay = 0.0
+  c.optimizer.max_grad_norm = 1.0
+
+  c.log_every = 10
+  c.eval_every = 0           # 0 = no validation loss
+  c.eval_batches = 2
+  c.ckpt_every = 50
+  c.keep_ckpts = 3
+  c.async_ckpt = True
+  c.progress = True
+  c.tensorboard = True
+
+  # The RL stage's own keys, so that overrides like rl.group_size=8 are
+  # typed and checked.
+  from paraagent_jax import rl_stage  # pylint: disable=g-import-not-at-top
+  c.rl = rl_stage.rl_defaults()
+  c.pipeline = ml_collections.ConfigDict()
+  c.pipeline.stages = ("demos", "sft", "rl")
+  return c

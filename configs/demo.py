@@ -1,0 +1,60 @@
+"""The embedded demo: demonstrations -> SFT -> RL of a tiny Qwen3 on this CPU.
+
+The model is trained from scratch; tasks come from ToolEnv's procedural
+catalog and the SFT data are the scripted multi-agent demonstrations
+(`paraagent_jax.coldstart`), linearised into ParaAct trajectories.
+
+Run::
+
+  python -m paraagent_jax.train --config=configs/demo.py --workdir=/tmp/demo
+  python -m paraagent_jax.train --config=configs/demo.py:stage=sft --workdir=/tmp/x
+  python -m paraagent_jax.train --config=configs/demo.py:runlocal --workdir=/tmp/y
+
+``stage`` is "pipeline" (all three stages in WORKDIR/demos, WORKDIR/sft,
+WORKDIR/rl), "sft" or "rl". ``size`` picks the model preset ("demo" or
+"tiny"); ``runlocal`` shrinks everything to a one-minute smoke run.
+"""
+
+from paraagent_jax import config_utils
+
+
+def get_config(arg=None):
+  """The demo config; ``arg`` is ``key=value,...``."""
+  a = config_utils.parse_arg(arg, stage="pipeline", size="demo",
+                             runlocal=False)
+  c = config_utils.train_defaults()
+  c.stage = a.stage
+  c.size = a.size
+  c.runlocal = a.runlocal
+  c.model.preset = a.size
+  c.model.vocab_size = 0            # from the trained tokenizer
+
+  # Demonstrations (stage "demos" and the SFT data source).
+  c.data.source = "demonstrations"
+  c.data.catalog = "procedural"
+  c.data.backend = "scripted"
+  c.data.num_tasks = 4000
+  c.data.data_dir = ""              # "" = WORKDIR/demos (pipeline) or built
+  c.data.tokenizer = ""             # "" = train the demo BPE
+  c.batch_size = 16
+  c.seq_len = 1024
+
+  c.total_steps = 2000
+  c.optimizer.learning_rate = 1e-3
+  c.optimizer.warmup_steps = 100
+  c.optimizer.weight_decay = 0.01
+  c.log_every = 20
+  c.eval_every = 200
+  c.ckpt_every = 200
+
+  if a.runlocal:
+    c.model.preset = "tiny"
+    c.data.num_tasks = 64
+    c.batch_size = 4
+    c.seq_len = 512
+    c.total_steps = 20
+    c.optimizer.warmup_steps = 2
+    c.log_every = 5
+    c.eval_every = 10
+    c.ckpt_every = 10
+  return c
