@@ -16,7 +16,7 @@ import json
 import math
 import os
 import time
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -39,17 +39,20 @@ def to_floats(metrics: Mapping[str, Any]) -> dict[str, float]:
 
 
 def check_finite(step: int, metrics: Mapping[str, float],
-                 last_good: str | None) -> None:
+                 last_good: str | Callable[[], str | None] | None) -> None:
   """Raises `NonFiniteError` if any metric is NaN or Inf.
 
   Args:
     step: the training step the metrics belong to.
     metrics: host floats.
-    last_good: path of the newest complete checkpoint, or None.
+    last_good: path of the newest complete checkpoint, None, or a callable
+      returning it (called only on failure: it may wait for a pending save).
   """
   for name in sorted(metrics):
     value = metrics[name]
     if not math.isfinite(value):
+      if callable(last_good):
+        last_good = last_good()
       where = last_good or "none (no checkpoint was written yet)"
       raise NonFiniteError(f"non-finite {name}={value} at step {step}; "
                            f"last good checkpoint: {where}")
