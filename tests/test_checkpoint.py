@@ -1,0 +1,154 @@
+"""Tests of the Orbax checkpointer: round trip on a mesh, keep-K, corruption."""
+
+import os
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from paraagent_jax import checkpoint as ckpt_lib
+from paraagent_jax import sharding as shd
+
+
+def make_state(mesh, seed=0):
+  model = nnx.Linear(8, 4, rngs=nnx.Rngs(seed))
+  _, state = nnx.split(model)
+  opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3))
+  params = nnx.split_state(state, nnx.Param, ...)[0]
+  opt_state = opt.init(params)
+  # Shard the kernel's rows over fsdp so the round trip crosses devices.
+  sh = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("fsdp"))
+  place = lambda x: jax.device_put(x, rows if x.ndim == 2 else sh)
+  return jax.tree.map(place, state), jax.tree.map(place, opt_state)
+
+
+def abstract_of(tree):
+  return jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+      tree)
+
+
+@pytest.fixture
+def mesh():
+  return shd.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+
+
+def assert_trees_equal(a, b):
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_round_trip_keeps_values_shardings_data_and_rng(tmp_path, mesh):
+  state, opt_state = make_state(mesh)
+  key = jax.random.key(7)
+  c = ckpt_lib.Checkpointer(str(tmp_path), every_steps=2, keep=2)
+  assert not c.save(1, state, opt_state, data_state={"next_batch": 1},
+                    rng=key)  # Not a save step.
+  assert c.save(2, state, opt_state, data_state={"next_batch": 2}, rng=key,
+                extra={"note": "x"})
+  c.close()
+  c = ckpt_lib.Checkpointer(str(tmp_path), every_steps=2, keep=2)
+  r = c.restore(abstract_of(state), abstract_of(opt_state))
+  assert r.step == 2 and r.data_state == {"next_batch": 2}
+  assert r.extra == {"note": "x"} and r.path.endswith("checkpoints/2")
+  assert_trees_equal(r.model_state, state)
+  assert_trees_equal(r.opt_state, opt_state)
+  assert r.model_state["kernel"][...].sharding.spec == (
+      jax.sharding.PartitionSpec("fsdp"))
+  assert jax.random.key_data(r.rng).tolist() == (
+      jax.random.key_data(key).tolist())
+  c.close()
+
+
+def test_raw_uint32_keys_round_trip():
+  key = jax.random.PRNGKey(3)
+  back = ckpt_lib.rng_from_json(ckpt_lib.rng_to_json(key))
+  np.testing.assert_array_equal(np.asarray(back), np.asarray(key))
+
+
+def test_keeps_last_k_and_forced_final_save(tmp_path, mesh):
+  state, opt_state = make_state(mesh)
+  c = ckpt_lib.Checkpointer(str(tmp_path), every_steps=3, keep=2)
+  for step in range(1, 11):
+    c.save(step, state, opt_state, data_state={}, rng=jax.random.PRNGKey(0),
+           force=step == 10)
+  c.wait()
+  assert c.all_steps() == [6, 9, 10][-2:]
+  assert c.last_complete().endswith("checkpoints/10")
+  # Saving a step that exists is a no-op, not an error.
+  assert not c.save(10, state, opt_state, data_state={},
+                    rng=jax.random.PRNGKey(0), force=True)
+  c.close()
+
+
+def _corrupt(step_dir):
+  for root, _, files in os.walk(os.path.join(step_dir, "model")):
+    for f in files:
+      with open(os.path.join(root, f), "wb") as fh:
+        fh.write(b"garbage")
+
+
+def test_corrupt_latest_falls_back_and_is_moved_aside(tmp_path, mesh, capsys):
+  state, opt_state = make_state(mesh)
+  other, other_opt = make_state(mesh, seed=1)
+  c = ckpt_lib.Checkpointer(str(tmp_path), every_steps=1, keep=None)
+  c.save(1, state, opt_state, data_state={"next_batch": 1},
+         rng=jax.random.PRNGKey(0))
+  c.save(2, other, other_opt, data_state={"next_batch": 2},
+         rng=jax.random.PRNGKey(0))
+  c.close()
+  _corrupt(os.path.join(tmp_path, "checkpoints", "2"))
+  c = ckpt_lib.Checkpointer(str(tmp_path), every_steps=1, keep=None)
+  r = c.restore(abstract_of(state), abstract_of(opt_state))
+  assert r.step == 1 and r.data_state == {"next_batch": 1}
+  assert_trees_equal(r.model_state, state)
+  assert "step 2 unreadable" in capsys.readouterr().out
+  assert os.path.isdir(os.path.join(tmp_path, "checkpoints", "corrupt-2"))
+  assert c.all_steps() == [1]
+  # Training can go on and save step 2 again.
+  assert c.save(2, state, opt_state, data_state={}, rng=jax.random.PRNGKey(0))
+  c.close()
+
+
+def test_no_readable_checkpoint_is_a_one_line_error(tmp_path, mesh):
+  state, opt_state = make_state(mesh)
+  c = ckpt_lib.Checkpointer(str(tmp_path), every_steps=1)
+  c.save(1, state, opt_state, data_state={}, rng=jax.random.PRNGKey(0))
+  c.close()
+  _corrupt(os.path.join(tmp_path, "checkpoints", "1"))
+  c = ckpt_lib.Checkpointer(str(tmp_path), every_steps=1)
+  with pytest.raises(ckpt_lib.CheckpointError) as e:
+    c.restore(abstract_of(state), abstract_of(opt_state))
+  assert "no readable checkpoint" in str(e.value) and "\n" not in str(e.value)
+  # The unreadable step is left in place for the user to inspect.
+  assert c.all_steps() == [1]
+  c.close()
+
+
+def test_empty_workdir_and_interrupted_save_mean_no_checkpoint(tmp_path, mesh):
+  state, opt_state = make_state(mesh)
+  # What an interrupted save leaves behind: a temporary directory only.
+  os.makedirs(tmp_path / "checkpoints" / "5.orbax-checkpoint-tmp" / "model")
+  c = ckpt_lib.Checkpointer(str(tmp_path), every_steps=1)
+  assert c.latest_step() is None
+  assert c.restore(abstract_of(state), abstract_of(opt_state)) is None
+  c.close()
+
+
+def test_init_from_model_weights(tmp_path, mesh):
+  state, opt_state = make_state(mesh)
+  c = ckpt_lib.Checkpointer(str(tmp_path / "run"), every_steps=1)
+  c.save(3, state, opt_state, data_state={}, rng=jax.random.PRNGKey(0))
+  c.close()
+  for path in (tmp_path / "run", tmp_path / "run" / "checkpoints",
+               tmp_path / "run" / "checkpoints" / "3"):
+    assert ckpt_lib.find_checkpoint(str(path))[1] == 3
+    got = ckpt_lib.restore_model_state(str(path), abstract_of(state))
+    assert_trees_equal(got, state)
+  assert ckpt_lib.find_checkpoint(str(tmp_path)) is None
+  with pytest.raises(ckpt_lib.CheckpointError, match="no Orbax checkpoint"):
+    ckpt_lib.restore_model_state(str(tmp_path), abstract_of(state))
