@@ -119,6 +119,7 @@ def test_sigkill_and_rerun_ends_with_the_same_loss(reference_run, tmp_path):
   proc.wait()
   out = run_train(workdir)
   resumed = int(out.stdout.split("resumed at step ")[1].split("/")[0])
+  print(f"killed run resumed at step {resumed}")
   assert 10 <= resumed <= STEPS
   ref, got = losses(reference_run), losses(workdir)
   assert got[STEPS] == ref[STEPS]
