@@ -244,3 +244,39 @@ def test_rl_stage_stub_and_unknown_stage(tmp_path):
   c = tiny_config(stage="dpo")
   with pytest.raises(config_utils.ConfigError, match="expected one of sft"):
     train.run(c, str(tmp_path))
+
+
+def test_pipeline_runs_stages_in_subdirs_and_hands_sft_to_rl(tmp_path,
+                                                            monkeypatch):
+  seen = {}
+
+  def fake_rl(config, workdir):
+    seen["init_from"], seen["workdir"] = config.init_from, workdir
+    return {"ok": 1}
+
+  monkeypatch.setitem(train.STAGES, "rl", fake_rl)
+  c = tiny_config(stage="pipeline", total_steps=4, ckpt_every=2)
+  config_utils.set_override(c, "pipeline.stages", "('sft','rl')")
+  out = train.run(c, str(tmp_path))
+  assert set(out) == {"sft", "rl"} and np.isfinite(out["sft"]["loss"])
+  assert seen == {"init_from": str(tmp_path / "sft"),
+                  "workdir": str(tmp_path / "rl")}
+  assert os.path.isdir(tmp_path / "sft" / "checkpoints" / "4")
+  # RL's init_from is a valid Orbax source for the trainer.
+  assert train.check_init_from(seen["init_from"]) == "orbax"
+  # Rerunning skips finished stages.
+  seen.clear()
+  assert train.run(c, str(tmp_path)) == {}
+  assert not seen
+
+
+def test_init_from_orbax_starts_from_those_weights(reference_run, tmp_path):
+  c = tiny_config(total_steps=1, log_every=1, init_from=reference_run)
+  out = train.run_sft(c, str(tmp_path))
+  scratch = losses(reference_run)[10]
+  # The reference run's weights already learned something: lower loss.
+  assert out["loss"] < scratch - 0.05
+  # A directory that holds neither kind of checkpoint is refused clearly.
+  os.makedirs(tmp_path / "empty")
+  with pytest.raises(config_utils.ConfigError, match="neither an HF"):
+    train.check_init_from(str(tmp_path / "empty"))
