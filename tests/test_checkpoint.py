@@ -4,7 +4,6 @@ import os
 
 from flax import nnx
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
