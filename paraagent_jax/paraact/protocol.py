@@ -1,0 +1,273 @@
+"""The ParaAct text protocol: render, parse and classify the tokens of a step.
+
+One assistant turn is one step, written as::
+
+  <explore> find weather and currency tools
+  <call>{"name": "search_tools", "arguments": {"query": "weather"}}</call>
+  <call>{"name": "search_tools", "arguments": {"query": "currency rate"}}</call>
+  </step>
+
+or, to finish the episode::
+
+  <answer> 21 C in Paris; 1 EUR = 1.08 USD </answer>
+
+The phase tag (``<explore>`` or ``<execute>``) opens the step, a short thought
+follows on the same line, then one ``<call>`` per parallel action (a JSON object
+with ``name`` and ``arguments``), then ``</step>``. The format is small and
+regular on purpose: a tiny model trained for minutes must learn to write it,
+and every tag is one special token of the demo tokenizer, so the stop sequence
+of a turn is a single token.
+
+`parse_step` never raises: malformed output gives a `toolenv.Step` with
+``parse_error`` set and whatever calls could be recovered, which the
+environment turns into an error observation and a step penalty.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import re
+from typing import Any, Sequence
+
+from toolenv.schema import Call, Step
+
+EXPLORE = "explore"
+EXECUTE = "execute"
+ANSWER = "answer"
+PHASES = (EXPLORE, EXECUTE)
+
+CALL_OPEN = "<call>"
+CALL_CLOSE = "</call>"
+STEP_CLOSE = "</step>"
+ANSWER_OPEN = "<answer>"
+ANSWER_CLOSE = "</answer>"
+PHASE_OPEN = {EXPLORE: "<explore>", EXECUTE: "<execute>"}
+
+# Tags that the demo tokenizer makes single special tokens.
+PROTOCOL_TOKENS = (
+    PHASE_OPEN[EXPLORE], PHASE_OPEN[EXECUTE], CALL_OPEN, CALL_CLOSE,
+    STEP_CLOSE, ANSWER_OPEN, ANSWER_CLOSE,
+)
+# The sampler stops a turn on any of these (the chat template then closes it).
+STOP_STRINGS = (STEP_CLOSE, ANSWER_CLOSE)
+
+# Token kinds, as in `TrajectoryBatch.token_kind` (env tokens are labelled by
+# the rollout, not here).
+PLAN, ACTION, ANSWER_KIND = 0, 1, 2
+
+META_TOOLS = (
+    "search_tools(query: str, top_k: int = 5): search the tool catalog; returns "
+    "the names and one-line descriptions of the best matching tools.",
+    "get_tool_doc(name: str): the full interface of one tool: its parameters, "
+    "their types and which are required.",
+)
+
+_OPEN_RE = re.compile(r"<(explore|execute|answer)>")
+_MAX_ERROR_CHARS = 200
+
+
+def dump_call_json(call: Call) -> str:
+  """JSON of one call, with ``<`` escaped so that no tag occurs inside it."""
+  obj = {"name": call.name, "arguments": call.arguments}
+  return json.dumps(obj, ensure_ascii=False).replace("<", "\\u003c")
+
+
+def render_step(step: Step) -> str:
+  """Text of one assistant step (without chat-template markers).
+
+  Args:
+    step: a `toolenv.Step` with phase ``explore``/``execute`` and calls, or
+      phase ``answer`` with ``answer`` text.
+
+  Returns:
+    The step text, ending with a stop string.
+  """
+  if step.phase == ANSWER:
+    answer = "" if step.answer is None else str(step.answer)
+    return f"{ANSWER_OPEN} {answer.strip()} {ANSWER_CLOSE}"
+  if step.phase not in PHASE_OPEN:
+    raise ValueError(f"cannot render phase {step.phase!r}")
+  head = PHASE_OPEN[step.phase]
+  thought = " ".join((step.thought or "").split())
+  if thought:
+    head += " " + thought
+  lines = [head]
+  lines += [f"{CALL_OPEN}{dump_call_json(c)}{CALL_CLOSE}" for c in step.calls]
+  lines.append(STEP_CLOSE)
+  return "\n".join(lines)
+
+
+def _short(text: str) -> str:
+  text = text.strip()
+  if len(text) > _MAX_ERROR_CHARS:
+    return text[:_MAX_ERROR_CHARS] + "..."
+  return text
+
+
+def _parse_call(body: str) -> tuple[Call | None, str | None]:
+  """One call from its JSON body; returns (call, None) or (None, error)."""
+  try:
+    obj = json.loads(body)
+  except (ValueError, RecursionError) as e:
+    return None, f"call is not valid JSON ({type(e).__name__}): {_short(body)}"
+  if not isinstance(obj, dict):
+    return None, f"call must be a JSON object: {_short(body)}"
+  name = obj.get("name")
+  if not isinstance(name, str) or not name:
+    return None, f"call has no string 'name': {_short(body)}"
+  arguments = obj.get("arguments", {})
+  # A non-dict `arguments` is kept: the environment answers it with a schema
+  # error for that call instead of dropping the whole step.
+  return Call(name=name, arguments=arguments), None
+
+
+def parse_step(text: Any) -> Step:
+  """Parses one assistant turn into a `toolenv.Step`; never raises.
+
+  Text before the first phase tag is ignored (a model may echo whitespace or
+  chatter); the first tag decides the phase. Calls that parse are kept even if
+  others in the same step are malformed; the step then carries
+  ``parse_error``.
+
+  Args:
+    text: the decoded assistant turn (anything; non-strings are an error).
+
+  Returns:
+    The parsed step; ``parse_error`` is None exactly when the text is valid.
+  """
+  try:
+    return _parse_step(text)
+  except Exception as e:  # pylint: disable=broad-except
+    # Last line of defence: model output must never crash a rollout.
+    return Step(phase=EXECUTE, parse_error=f"internal parser error: {e!r}")
+
+
+def _parse_step(text: Any) -> Step:
+  if not isinstance(text, str):
+    return Step(phase=EXECUTE, parse_error="step is not text")
+  m = _OPEN_RE.search(text)
+  if m is None:
+    return Step(phase=EXECUTE, parse_error=(
+        "no phase tag: a step starts with <explore>, <execute> or <answer>"))
+  phase = m.group(1)
+  rest = text[m.end():]
+  if phase == ANSWER:
+    end = rest.find(ANSWER_CLOSE)
+    error = None
+    if end < 0:
+      end, error = len(rest), "unterminated <answer>: missing </answer>"
+    return Step(phase=ANSWER, answer=rest[:end].strip(), parse_error=error)
+  errors = []
+  end = rest.find(STEP_CLOSE)
+  if end < 0:
+    errors.append("unterminated step: missing </step>")
+    end = len(rest)
+  body = rest[:end]
+  first = body.find(CALL_OPEN)
+  thought = (body if first < 0 else body[:first]).strip()
+  calls = []
+  pos = 0 if first < 0 else first
+  while first >= 0:
+    start = body.find(CALL_OPEN, pos)
+    if start < 0:
+      if body[pos:].strip():
+        errors.append(f"text outside <call>: {_short(body[pos:])}")
+      break
+    if body[pos:start].strip():
+      errors.append(f"text outside <call>: {_short(body[pos:start])}")
+    close = body.find(CALL_CLOSE, start)
+    if close < 0:
+      errors.append("unterminated <call>: missing </call>")
+      break
+    inner = body[start + len(CALL_OPEN):close]
+    if CALL_OPEN in inner:
+      errors.append("nested <call>")
+      inner = inner[inner.rfind(CALL_OPEN) + len(CALL_OPEN):]
+    call, error = _parse_call(inner)
+    if call is not None:
+      calls.append(call)
+    else:
+      errors.append(error)
+    pos = close + len(CALL_CLOSE)
+  if not calls and not errors:
+    errors.append("step has no <call>")
+  return Step(phase=phase, calls=calls, thought=thought,
+              parse_error="; ".join(errors) if errors else None)
+
+
+def classify_spans(text: str) -> list[tuple[int, int, int]]:
+  """Splits a step's text into contiguous (start, end, kind) spans.
+
+  Plan (0) is everything up to the first ``<call>`` (phase tag and thought);
+  action (1) is from there to the end (calls and ``</step>``); a turn that
+  opens with ``<answer>`` is all answer (2). The spans cover ``text`` exactly,
+  so every token gets a kind even in malformed output.
+
+  Args:
+    text: the assistant turn text.
+
+  Returns:
+    Non-empty spans in order, covering ``[0, len(text))``.
+  """
+  n = len(text)
+  if n == 0:
+    return []
+  m = _OPEN_RE.search(text)
+  if m is not None and m.group(1) == ANSWER:
+    return [(0, n, ANSWER_KIND)]
+  first = text.find(CALL_OPEN)
+  if first < 0:
+    return [(0, n, PLAN)]
+  spans = [(0, first, PLAN)] if first > 0 else []
+  return spans + [(first, n, ACTION)]
+
+
+def token_kinds(offsets: Sequence[tuple[int, int]],
+                spans: Sequence[tuple[int, int, int]]) -> list[int]:
+  """Kind of each token from its character offsets and `classify_spans`.
+
+  A token takes the kind of the span where it starts (byte-level BPE tokens
+  may straddle a boundary; the start decides). Tokens past the text (e.g. a
+  chat-template ``<|im_end|>``) take the last span's kind.
+
+  Args:
+    offsets: ``(start_char, end_char)`` per token, as from a fast tokenizer's
+      ``return_offsets_mapping``.
+    spans: output of `classify_spans` on the same text.
+
+  Returns:
+    One kind per token.
+  """
+  if not spans:
+    return [PLAN] * len(offsets)
+  starts = [s for s, _, _ in spans]
+  kinds = []
+  for start, _ in offsets:
+    i = max(0, bisect.bisect_right(starts, start) - 1)
+    kinds.append(spans[i][2])
+  return kinds
+
+
+def system_prompt(extra: str = "") -> str:
+  """System prompt that explains the ParaAct format and the meta-tools."""
+  tools = "\n".join(f"- {t}" for t in META_TOOLS)
+  text = (
+      "You solve tasks with tools you must first find in a large catalog.\n"
+      "Meta-tools:\n" + tools + "\n"
+      "Each turn is one step. An explore step calls only meta-tools; an execute "
+      "step calls only catalog tools. Put independent calls in the same step: "
+      "they run in parallel. Format:\n"
+      "<explore> short thought\n"
+      '<call>{"name": "search_tools", "arguments": {"query": "..."}}</call>\n'
+      "</step>\n"
+      "<execute> short thought\n"
+      '<call>{"name": "tool_name", "arguments": {"param": "value"}}</call>\n'
+      "</step>\n"
+      "When done: <answer> the final answer </answer>")
+  return text + ("\n" + extra if extra else "")
+
+
+def render_observation(observation: str) -> str:
+  """Content of the tool turn that answers a step (the env's text, trimmed)."""
+  return str(observation).strip()
