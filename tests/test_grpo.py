@@ -21,6 +21,8 @@ from paraagent_jax.rl import train_step as ts
 
 AXES = ("data", "fsdp", "tensor")
 B, T, S, P, V = 8, 16, 4, 3, 32
+# Logical axis names of TinyLM -> mesh axes (as in paraagent_jax.sharding).
+RULES = {"vocab": "tensor", "embed": "fsdp", "mlp": "tensor"}
 
 
 class FixedLogits(nnx.Module):
@@ -39,13 +41,13 @@ class TinyLM(nnx.Module):
 
   def __init__(self, vocab, dim, rngs):
     part = nnx.with_partitioning
-    self.embed = nnx.Param(part(nnx.initializers.normal(1.0), ("tensor",
-                                                              "fsdp"))(
+    self.embed = nnx.Param(part(nnx.initializers.normal(1.0), ("vocab",
+                                                              "embed"))(
         rngs.params(), (vocab, dim)))
     self.mix = nnx.Linear(dim, dim, rngs=rngs, kernel_init=part(
-        nnx.initializers.lecun_normal(), ("fsdp", "tensor")))
+        nnx.initializers.lecun_normal(), ("embed", "mlp")))
     self.head = nnx.Linear(dim, vocab, rngs=rngs, kernel_init=part(
-        nnx.initializers.lecun_normal(), ("fsdp", "tensor")))
+        nnx.initializers.lecun_normal(), ("embed", "vocab")))
     self.norm = nnx.RMSNorm(dim, rngs=rngs)
 
   def __call__(self, tokens, attention_mask=None):
@@ -230,7 +232,7 @@ def run_steps(mesh, cfg, n_steps=2, kind="grpo", seed=0):
   optimizer = ts.make_optimizer(ts.OptimizerConfig(
       learning_rate=0.05, warmup_steps=1, total_steps=10, weight_decay=0.01,
       max_grad_norm=0.5))
-  state, opt_state = ts.shard_train_state(state, optimizer, mesh)
+  state, opt_state = ts.shard_train_state(state, optimizer, mesh, RULES)
   if kind == "grpo":
     step = grpo.make_train_step(graphdef, optimizer, cfg, mesh)
   else:
@@ -303,7 +305,7 @@ def test_first_step_loss_matches_numpy_and_update_is_adamw():
   optimizer = ts.make_optimizer(ts.OptimizerConfig(
       learning_rate=lr, warmup_steps=0, schedule="constant",
       max_grad_norm=0.0, adam_eps=1e-30))
-  state, opt_state = ts.shard_train_state(state, optimizer, mesh)
+  state, opt_state = ts.shard_train_state(state, optimizer, mesh, RULES)
   before = np.asarray(state["logits"][...])
   cfg = grpo.GRPOConfig(levels=("traj",), compute_entropy=False)
   step = grpo.make_train_step(graphdef, optimizer, cfg, mesh)
@@ -368,7 +370,7 @@ def test_train_step_with_reference_model_state():
   graphdef, state = nnx.split(make_tiny(3))
   optimizer = ts.make_optimizer(ts.OptimizerConfig(learning_rate=0.05,
                                                    warmup_steps=0))
-  state, opt_state = ts.shard_train_state(state, optimizer, mesh)
+  state, opt_state = ts.shard_train_state(state, optimizer, mesh, RULES)
   ref_state = jax.tree.map(jnp.copy, state)  # not donated with `state`
   step = grpo.make_train_step(graphdef, optimizer, grpo.GRPOConfig(beta=0.1),
                               mesh)
@@ -404,3 +406,58 @@ def test_configs_from_config_dicts():
     grpo.GRPOConfig(levels=("trajectory",))
   opt = ts.make_optimizer(ml_collections.ConfigDict({"learning_rate": 1e-3}))
   assert opt.init({"w": jnp.ones((2, 2))}) is not None
+
+
+def test_state_sharding_fallback_agrees_with_sharding_module(monkeypatch):
+  """The no-sharding-module fallback maps names like the rules table."""
+  _, state = nnx.split(make_tiny())
+  mesh = mesh_of((2, 2, 2))
+  def specs(sh):  # P(None,) and P() are the same layout: strip trailing None.
+    out = []
+    for x in jax.tree.leaves(
+        sh, is_leaf=lambda x: isinstance(x, jax.sharding.NamedSharding)):
+      dims = list(x.spec)
+      while dims and dims[-1] is None:
+        dims.pop()
+      out.append(tuple(dims))
+    return out
+
+  main = specs(ts.state_sharding(state, mesh, RULES))
+  monkeypatch.setattr(ts, "shd", None)
+  assert specs(ts.state_sharding(state, mesh, RULES)) == main
+  assert ("fsdp", "tensor") in main
+
+
+def run_qwen3_steps(mesh, n_steps=2):
+  """GRPO steps of the tiny Qwen3 preset, placed like the trainer does."""
+  qwen3 = pytest.importorskip("paraagent_jax.models.qwen3")
+  shd = pytest.importorskip("paraagent_jax.sharding")
+  cfg = qwen3.Qwen3Config.preset("tiny")
+  model = qwen3.Qwen3(cfg, rngs=nnx.Rngs(0))
+  shd.set_sharding_ctx(model, mesh)
+  graphdef, state = nnx.split(model)
+  optimizer = ts.make_optimizer(ts.OptimizerConfig(
+      learning_rate=1e-3, warmup_steps=0, max_grad_norm=1.0))
+  state, opt_state = ts.shard_train_state(state, optimizer, mesh)
+  step = grpo.make_train_step(graphdef, optimizer, grpo.GRPOConfig(
+      beta=0.02, num_micro_batches=2), mesh)
+  metrics = []
+  for i in range(n_steps):
+    batch = batch_lib.synthetic_batch(30 + i, batch_size=B, seq_len=32,
+                                      num_steps=S, num_phases=P,
+                                      group_size=4,
+                                      vocab_size=cfg.vocab_size)
+    state, opt_state, m = step(state, opt_state, batch, jax.random.key(i))
+    metrics.append(jax.device_get(m))
+  return jax.tree.map(np.asarray, ts.split_params(state)[0]), metrics, state
+
+
+def test_qwen3_step_on_2x2x2_mesh_matches_one_device():
+  p1, m1, _ = run_qwen3_steps(mesh_of((1, 1, 1)))
+  p8, m8, state8 = run_qwen3_steps(mesh_of((2, 2, 2)))
+  for a, b in zip(m1, m8):
+    for k in ("loss", "grad_norm", "clip_frac", "kl", "entropy"):
+      np.testing.assert_allclose(a[k], b[k], rtol=1e-4, atol=1e-6, err_msg=k)
+  assert_trees_close(p1, p8, 1e-4)
+  shardings = [x.sharding for x in jax.tree.leaves(state8)]
+  assert any(not s.is_fully_replicated for s in shardings)

@@ -34,6 +34,11 @@ import optax
 
 from paraagent_jax.rl import batch as batch_lib
 
+try:
+  from paraagent_jax import sharding as shd
+except ImportError:  # Only while the sharding module has not landed.
+  shd = None
+
 DEFAULT_BATCH_AXES = ("data", "fsdp")
 SCHEDULES = ("cosine", "linear", "constant")
 
@@ -141,13 +146,18 @@ def _resolve_axis(name, rules: Mapping[str, Any] | None, mesh_axes):
 
 def state_sharding(state: nnx.State, mesh: jax.sharding.Mesh,
                    rules: Mapping[str, Any] | None = None):
-  """NamedShardings from the partition metadata of an NNX state.
+  """NamedShardings from the logical axis names of an NNX state's variables.
 
-  Axis names are mapped through ``rules`` (logical name -> mesh axis or
-  tuple of axes, e.g. ``paraagent_jax.sharding``'s table) and dropped if
-  they name no mesh axis or do not divide the dimension; unannotated
-  variables are replicated.
+  Delegates to `paraagent_jax.sharding.param_shardings` (its rules table,
+  ``rules=None`` meaning its defaults, with the divisibility fallback). Only
+  if that module is missing: names are mapped through ``rules`` (logical name
+  -> mesh axis or tuple of axes) or taken as mesh axes, and dropped if they
+  name no mesh axis or do not divide the dimension. Unannotated variables are
+  replicated.
   """
+  if shd is not None:
+    return shd.param_shardings(state, mesh, rules)
+  rules = dict(rules) if rules else None
   specs = nnx.get_partition_spec(state)
   sizes = dict(zip(mesh.axis_names, mesh.devices.shape))
 
