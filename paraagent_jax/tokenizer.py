@@ -1,0 +1,187 @@
+"""Tokenizers: load a local HF tokenizer, train the demo BPE, the chat template.
+
+The chat format is Qwen3's: ``<|im_start|>role\\n...<|im_end|>\\n`` per turn,
+and tool results as a user turn wrapping each result in
+``<tool_response>\\n...\\n</tool_response>`` (consecutive tool messages share one
+user turn, as in Qwen3). It exists twice, and a test keeps them identical:
+
+* `CHAT_TEMPLATE`, a Jinja string saved as the tokenizer's ``chat_template``,
+  so HF ``apply_chat_template`` and exported checkpoints render the same text;
+* `ChatEncoder`, which renders turn by turn straight to token ids, because a
+  multi-turn rollout appends tokens per turn and never re-tokenises history.
+
+Every turn starts and ends at a special token, so the ids of a conversation
+are the concatenation of the ids of its turns.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Iterable, Sequence
+
+from paraagent_jax.paraact import protocol
+
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+END_OF_TEXT = "<|endoftext|>"
+TOOL_RESPONSE_OPEN = "<tool_response>"
+TOOL_RESPONSE_CLOSE = "</tool_response>"
+SPECIAL_TOKENS = (END_OF_TEXT, IM_START, IM_END)
+# Added (single-token, kept on decode) but not "special": they are text the
+# model writes and reads, so skip_special_tokens must not drop them.
+ADDED_TOKENS = (TOOL_RESPONSE_OPEN, TOOL_RESPONSE_CLOSE) + tuple(
+    protocol.PROTOCOL_TOKENS)
+ROLES = ("system", "user", "assistant", "tool")
+
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}"
+    "{{- '<|im_start|>user' }}"
+    "{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + message['content'] + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- else %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] "
+    "+ '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def _tool_block(content: str) -> str:
+  return f"\n{TOOL_RESPONSE_OPEN}\n{content}\n{TOOL_RESPONSE_CLOSE}"
+
+
+def render_messages(messages: Sequence[dict], add_generation_prompt=False) -> str:
+  """Python rendering of `CHAT_TEMPLATE` (same string, checked by a test).
+
+  Args:
+    messages: dicts with ``role`` (system/user/assistant/tool) and ``content``.
+    add_generation_prompt: append the opening of an assistant turn.
+
+  Returns:
+    The conversation text.
+  """
+  out = []
+  for i, m in enumerate(messages):
+    role, content = m["role"], m["content"]
+    if role not in ROLES:
+      raise ValueError(f"unknown role {role!r}; expected one of {ROLES}")
+    if role == "tool":
+      if i == 0 or messages[i - 1]["role"] != "tool":
+        out.append(f"{IM_START}user")
+      out.append(_tool_block(content))
+      if i == len(messages) - 1 or messages[i + 1]["role"] != "tool":
+        out.append(f"{IM_END}\n")
+    else:
+      out.append(f"{IM_START}{role}\n{content}{IM_END}\n")
+  if add_generation_prompt:
+    out.append(f"{IM_START}assistant\n")
+  return "".join(out)
+
+
+class ChatEncoder:
+  """Renders a conversation turn by turn to token ids.
+
+  A rollout uses it as: ``ids = enc.turn_ids("system", s) +
+  enc.turn_ids("user", u) + enc.generation_prompt_ids()``, then the sampled
+  step tokens, then ``enc.end_of_turn_ids()``, then
+  ``enc.turn_ids("tool", observation) + enc.generation_prompt_ids()`` and so
+  on. Each tool message is its own turn here (the environment returns one
+  observation per step).
+  """
+
+  def __init__(self, tokenizer):
+    self.tokenizer = tokenizer
+
+  def encode(self, text: str) -> list[int]:
+    """Token ids of text, with no BOS/EOS added."""
+    return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+  def turn_text(self, role: str, content: str) -> str:
+    """Text of one complete turn."""
+    return render_messages([{"role": role, "content": content}])
+
+  def turn_ids(self, role: str, content: str) -> list[int]:
+    """Token ids of one complete turn."""
+    return self.encode(self.turn_text(role, content))
+
+  def generation_prompt_ids(self) -> list[int]:
+    """Ids of ``<|im_start|>assistant\\n``, which the model continues."""
+    return self.encode(f"{IM_START}assistant\n")
+
+  def end_of_turn_ids(self) -> list[int]:
+    """Ids appended after a sampled assistant step: ``<|im_end|>\\n``."""
+    return self.encode(f"{IM_END}\n")
+
+  def stop_sequences(self) -> list[list[int]]:
+    """Token sequences that end an assistant turn (one token each in the demo
+    tokenizer; possibly several with a foreign tokenizer)."""
+    return [self.encode(s) for s in protocol.STOP_STRINGS + (IM_END,)]
+
+
+def load_tokenizer(path: str):
+  """Loads a tokenizer from a local HF directory (ours or a real Qwen3's).
+
+  The ParaAct chat template is set when the directory has none; the protocol
+  tags are added as single tokens when missing (a Qwen3 vocabulary does not
+  have them; callers that add them must resize the embeddings).
+
+  Args:
+    path: directory with ``tokenizer.json`` / ``tokenizer_config.json``.
+
+  Returns:
+    A `transformers.PreTrainedTokenizerFast`.
+  """
+  if not os.path.isdir(path):
+    raise FileNotFoundError(f"tokenizer directory not found: {path}")
+  from transformers import AutoTokenizer  # pylint: disable=g-import-not-at-top
+  tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+  if not getattr(tok, "chat_template", None):
+    tok.chat_template = CHAT_TEMPLATE
+  return tok
+
+
+def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int = 4096,
+                        out_dir: str | None = None):
+  """Trains the byte-level BPE of the CPU demo, with the ParaAct tokens.
+
+  Args:
+    texts: training text (ToolEnv catalog/tasks, rendered demonstrations).
+    vocab_size: total vocabulary size, special and added tokens included.
+    out_dir: if given, save there in HF format (``tokenizer.json``,
+      ``tokenizer_config.json`` with the chat template, special tokens map).
+
+  Returns:
+    A `transformers.PreTrainedTokenizerFast`.
+  """
+  # pylint: disable=g-import-not-at-top
+  from tokenizers import (AddedToken, Tokenizer, decoders, models,
+                          pre_tokenizers, processors, trainers)
+  from transformers import PreTrainedTokenizerFast
+  tok = Tokenizer(models.BPE())
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.decoder = decoders.ByteLevel()
+  # trim_offsets=False keeps offsets exact for token-kind labelling.
+  tok.post_processor = processors.ByteLevel(trim_offsets=False)
+  reserved = list(SPECIAL_TOKENS) + list(ADDED_TOKENS)
+  trainer = trainers.BpeTrainer(
+      vocab_size=vocab_size, special_tokens=reserved, show_progress=False,
+      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+  tok.train_from_iterator(texts, trainer=trainer)
+  tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                          for t in SPECIAL_TOKENS])
+  tok.add_tokens([AddedToken(t, special=False, normalized=False)
+                  for t in ADDED_TOKENS])
+  fast = PreTrainedTokenizerFast(
+      tokenizer_object=tok, eos_token=IM_END, pad_token=END_OF_TEXT,
+      additional_special_tokens=[IM_START])
+  fast.chat_template = CHAT_TEMPLATE
+  if out_dir is not None:
+    os.makedirs(out_dir, exist_ok=True)
+    fast.save_pretrained(out_dir)
+  return fast
