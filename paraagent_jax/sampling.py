@@ -112,10 +112,35 @@ def _signature(tree) -> Any:
 # ----------------------------------------------------------------------------
 
 
-def _append_fn(graphdef, params, cache, next_logits, input_ids, num_new):
-  """Appends a right-padded chunk; keeps logits at each row's last real token."""
+def _window_view(cache, w: int):
+  """The first `w` slots of every row (a copy XLA makes once per segment)."""
+  if w >= cache["k"].shape[2]:
+    return cache
+  return {**cache, "k": cache["k"][:, :, :w], "v": cache["v"][:, :, :w]}
+
+
+def _write_back(cache, view):
+  """Writes a window view back into the full cache (in place when donated)."""
+  if view["k"].shape[2] == cache["k"].shape[2]:
+    return view
+  zero = (0,) * cache["k"].ndim
+  return {**view,
+          "k": jax.lax.dynamic_update_slice(cache["k"], view["k"], zero),
+          "v": jax.lax.dynamic_update_slice(cache["v"], view["v"], zero)}
+
+
+def _append_fn(graphdef, params, cache, next_logits, input_ids, num_new, *,
+               window: int):
+  """Appends a right-padded chunk; keeps logits at each row's last real token.
+
+  Attention runs over the first `window` slots only (every row receiving tokens
+  fits in it); rows with `num_new = 0` are untouched, since the model drops the
+  writes of padding tokens.
+  """
   model = nnx.merge(graphdef, params)
-  logits, cache = model.forward_chunk(input_ids, cache, num_new)
+  logits, view = model.forward_chunk(input_ids, _window_view(cache, window),
+                                     num_new)
+  cache = _write_back(cache, view)
   last = jnp.maximum(num_new - 1, 0)[:, None, None]
   last_logits = jnp.take_along_axis(logits, last, axis=1)[:, 0]
   next_logits = jnp.where((num_new > 0)[:, None],
@@ -156,24 +181,25 @@ def _sample(logits, key, temperature, top_p, *, greedy: bool, top_k: int,
 
 
 def _decode_fn(graphdef, params, cache, next_logits, key, budget, stop_seqs,
-               stop_mask, temperature, top_p, *, n_buf: int, greedy: bool,
-               top_k: int, use_top_p: bool, pad_id: int):
+               stop_mask, temperature, top_p, *, n_buf: int, windows: tuple,
+               greedy: bool, top_k: int, use_top_p: bool, pad_id: int):
   """Decode loop on device: samples until every row stopped or ran out of budget.
 
   `budget[b]` is row b's token budget (0 = row excluded). `stop_seqs` [S, W] are
   stop sequences right-aligned in a window of the last W generated tokens, with
   `stop_mask` marking their real positions (stop ids are sequences of length 1).
+
+  The loop runs in segments, one per attention window in `windows` (increasing
+  slot counts, the last one holding every active row's final length): a step
+  costs time proportional to the slots it attends to, so the first tokens of a
+  turn attend to a short prefix of the cache instead of its full capacity. A
+  segment ends when an active row has filled its window.
   """
   model = nnx.merge(graphdef, params)
   b = next_logits.shape[0]
-  w = stop_seqs.shape[1]
-
-  def cond(carry):
-    i, active = carry[0], carry[3]
-    return (i < n_buf) & jnp.any(active)
 
   def body(carry):
-    i, cache, logits, active, gen_len, window, toks, lps, plps, hit_any = carry
+    i, view, logits, active, gen_len, recent, toks, lps, plps, hit_any = carry
     tok, plp = _sample(logits, jax.random.fold_in(key, i), temperature, top_p,
                        greedy=greedy, top_k=top_k, use_top_p=use_top_p)
     lp = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1),
@@ -183,33 +209,45 @@ def _decode_fn(graphdef, params, cache, next_logits, key, budget, stop_seqs,
     lps = lps.at[:, i].set(jnp.where(active, lp, 0.0))
     plps = plps.at[:, i].set(jnp.where(active, plp, 0.0))
     gen_len = gen_len + active.astype(jnp.int32)
-    shifted = jnp.concatenate([window[:, 1:], tok[:, None]], axis=1)
-    window = jnp.where(active[:, None], shifted, window)
-    match = (window[:, None, :] == stop_seqs[None]) | ~stop_mask[None]
+    shifted = jnp.concatenate([recent[:, 1:], tok[:, None]], axis=1)
+    recent = jnp.where(active[:, None], shifted, recent)
+    match = (recent[:, None, :] == stop_seqs[None]) | ~stop_mask[None]
     hit = jnp.any(jnp.all(match, axis=-1), axis=-1) & active
     # Feed the token (the stop token too) so the cache holds the whole turn.
-    new_logits, cache = model.forward_chunk(tok[:, None], cache,
-                                            active.astype(jnp.int32))
+    new_logits, view = model.forward_chunk(tok[:, None], view,
+                                           active.astype(jnp.int32))
     logits = jnp.where(active[:, None], new_logits[:, 0].astype(jnp.float32),
                        logits)
     active = active & ~hit & (gen_len < budget)
-    return (i + 1, cache, logits, active, gen_len, window, toks, lps, plps,
+    return (i + 1, view, logits, active, gen_len, recent, toks, lps, plps,
             hit_any | hit)
 
   zeros_f = jnp.zeros((b, n_buf), jnp.float32)
-  carry = (jnp.int32(0), cache, next_logits, budget > 0,
-           jnp.zeros((b,), jnp.int32), jnp.full((b, w), -1, jnp.int32),
+  carry = (jnp.int32(0), None, next_logits, budget > 0,
+           jnp.zeros((b,), jnp.int32),
+           jnp.full((b, stop_seqs.shape[1]), -1, jnp.int32),
            jnp.full((b, n_buf), pad_id, jnp.int32), zeros_f, zeros_f,
            jnp.zeros((b,), bool))
-  steps, cache, logits, _, gen_len, _, toks, lps, plps, hit = (
-      jax.lax.while_loop(cond, body, carry))
+  for w in windows:
+
+    def cond(c, w=w):
+      i, view, active = c[0], c[1], c[3]
+      fits = jnp.all(~active | (view["lengths"] < w))
+      return (i < n_buf) & jnp.any(active) & fits
+
+    carry = (carry[0], _window_view(cache, w)) + carry[2:]
+    carry = jax.lax.while_loop(cond, body, carry)
+    cache = _write_back(cache, carry[1])
+  steps, _, logits, _, gen_len, _, toks, lps, plps, hit = carry
   return cache, logits, toks, lps, plps, gen_len, hit, steps
 
 
-_APPEND_JIT = jax.jit(_append_fn, donate_argnums=(2, 3))
+_APPEND_JIT = jax.jit(_append_fn, donate_argnums=(2, 3),
+                      static_argnames=("window",))
 _DECODE_JIT = jax.jit(
     _decode_fn, donate_argnums=(2, 3),
-    static_argnames=("n_buf", "greedy", "top_k", "use_top_p", "pad_id"))
+    static_argnames=("n_buf", "windows", "greedy", "top_k", "use_top_p",
+                     "pad_id"))
 
 
 # ----------------------------------------------------------------------------
@@ -227,7 +265,7 @@ class Sampler:
 
   def __init__(self, model, batch_size: int, max_len: int, *,
                min_chunk: int = 16, max_chunk: int = 512, min_decode: int = 16,
-               cache_dtype=None):
+               min_window: int = 32, max_segments: int = 3, cache_dtype=None):
     """Creates a sampler.
 
     Args:
@@ -238,6 +276,10 @@ class Sampler:
       max_chunk: longest append chunk; longer inputs are split (bounds the
         [B, T, V] logits of a chunk and the number of compiled shapes).
       min_decode: smallest decode buffer (token budgets round up to powers of 2).
+      min_window: smallest attention window; windows (the cache prefix a call
+        attends to) are `min_window * 2**k` and `1.5 * min_window * 2**k`.
+      max_segments: most windows one decode call walks through (each is one
+        more while loop in the compiled program, so compile time grows).
       cache_dtype: dtype of the K/V cache (default: the model's choice).
     """
     self.graphdef, self.params = nnx.split(model)
@@ -248,6 +290,17 @@ class Sampler:
     self.max_chunk = _pow2_at_least(max_chunk)
     self.min_decode = _pow2_at_least(min_decode)
     self.cache_dtype = cache_dtype
+    self.max_segments = max(1, int(max_segments))
+    # Attention windows: half-octave steps, capped by (and ending at) max_len.
+    ladder, w = [], _pow2_at_least(min_window)
+    while w < self.max_len:
+      ladder += [w, w * 3 // 2]
+      w *= 2
+    self.windows = sorted({min(x, self.max_len) for x in ladder} | {self.max_len})
+
+  def _window_at_least(self, n: int) -> int:
+    """The smallest attention window with at least `n` slots."""
+    return next(w for w in self.windows if w >= n)
 
   def update_params(self, model_or_params) -> None:
     """Points the sampler at new weights (a model, or the params of nnx.split)."""
@@ -323,9 +376,12 @@ class Sampler:
       part = ids[:, offset:offset + chunk]
       piece[:, :part.shape[1]] = part
       num_new = np.clip(counts - offset, 0, chunk).astype(np.int32)
+      filled = state.lengths + np.minimum(counts, offset + chunk)
+      window = self._window_at_least(int(filled[num_new > 0].max()))
       cache, logits = self._call(
           "append", _APPEND_JIT, state.stats,
-          (self.graphdef, self.params, cache, logits, piece, num_new))
+          (self.graphdef, self.params, cache, logits, piece, num_new),
+          dict(window=window))
       state.stats.prefill_calls += 1
       state.stats.prefill_padded_tokens += self.batch_size * chunk
       offset += chunk
@@ -379,7 +435,15 @@ class Sampler:
       stop_msk[i, width - len(s):] = True
     greedy = float(temperature) <= 0.0
     key, sub = jax.random.split(state.key)
-    static = dict(n_buf=n_buf, greedy=greedy, top_k=0 if greedy else int(top_k),
+    # Attention windows: the last holds every row's final length; the ones
+    # below it are walked through first. They depend on that last window only
+    # (windows a row has outgrown are skipped at run time), so a rollout
+    # compiles one decode program per window size its histories reach.
+    run = budget > 0
+    last = self._window_at_least(
+        int((state.lengths + budget)[run].max()) if run.any() else 1)
+    windows = tuple(w for w in self.windows if w <= last)[-self.max_segments:]
+    static = dict(n_buf=n_buf, windows=windows, greedy=greedy, top_k=0 if greedy else int(top_k),
                   use_top_p=(not greedy) and float(top_p) < 1.0,
                   pad_id=int(pad_token_id))
     args = (self.graphdef, self.params, state.cache, state.next_logits, sub,

@@ -1,0 +1,285 @@
+"""Sampler tests against transformers (greedy decoding, forward-pass log-probs).
+
+Tiny random Qwen3 models are made with transformers (torch CPU), saved, and loaded
+through `hf_io.load_hf`; every check compares with torch or numpy, or with the
+same sampler run in a configuration that must give the same answer (one prompt
+alone vs. in a ragged batch, continuation vs. recomputation from scratch).
+"""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+jax = pytest.importorskip("jax")
+
+from paraagent_jax import sampling  # pylint: disable=g-import-not-at-top
+
+# (tie_embeddings, num_kv_heads): GQA ratio 2 with tied embeddings, ratio 1 untied.
+CONFIGS = [(True, 2), (False, 4)]
+VOCAB = 256
+
+
+def _hf_model(tie: bool, kv_heads: int, seed: int = 0):
+  torch.manual_seed(seed)
+  config = transformers.Qwen3Config(
+      vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
+      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=kv_heads,
+      head_dim=16, tie_word_embeddings=tie, initializer_range=0.1,
+      max_position_embeddings=512, bos_token_id=None, eos_token_id=None,
+      pad_token_id=None)
+  return transformers.Qwen3ForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="module", params=CONFIGS, ids=["tied_gqa2", "untied_gqa1"])
+def models(request, tmp_path_factory):
+  """(transformers model, our model loaded from its saved directory)."""
+  hf_io = pytest.importorskip("paraagent_jax.models.hf_io")
+  hf = _hf_model(*request.param)
+  path = tmp_path_factory.mktemp("hf")
+  hf.save_pretrained(path)
+  return hf, hf_io.load_hf(str(path))
+
+
+def _prompts(seed, lengths):
+  rs = np.random.RandomState(seed)
+  return [rs.randint(0, VOCAB, n).tolist() for n in lengths]
+
+
+def _hf_greedy(hf, prompt, n):
+  """transformers greedy continuation of one prompt (no EOS: exactly n tokens)."""
+  ids = torch.tensor([prompt])
+  with torch.no_grad():  # An explicit mask: token 0 is a real token here.
+    out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
+                      min_new_tokens=n, do_sample=False, pad_token_id=0,
+                      eos_token_id=None)
+  return out[0, len(prompt):].tolist()
+
+
+def _hf_logprobs(hf, prompt, generated):
+  """Log-probs of `generated` after `prompt` from one full forward pass."""
+  with torch.no_grad():
+    logits = hf(torch.tensor([prompt + generated])).logits[0].double()
+  logp = torch.log_softmax(logits[len(prompt) - 1:-1], -1)
+  return logp.gather(-1, torch.tensor(generated)[:, None])[:, 0].numpy()
+
+
+def _row(out, b):
+  return out.tokens[b, :out.lengths[b]].tolist()
+
+
+def test_greedy_tokens_and_logprobs_match_transformers(models):
+  hf, model = models
+  prompts = _prompts(0, [7, 3, 12, 1])
+  out = sampling.generate(model, prompts, max_new_tokens=10)
+  assert out.tokens.shape == (4, 10) and out.logprobs.shape == (4, 10)
+  np.testing.assert_array_equal(out.lengths, [10, 10, 10, 10])
+  assert len({t for b in range(4) for t in _row(out, b)}) > 4  # not degenerate
+  for b, prompt in enumerate(prompts):
+    assert _row(out, b) == _hf_greedy(hf, prompt, 10)
+    np.testing.assert_allclose(out.logprobs[b], _hf_logprobs(hf, prompt, _row(out, b)),
+                               atol=1e-4)
+  np.testing.assert_array_equal(out.processed_logprobs, 0.0)  # greedy: prob 1
+
+
+def test_ragged_batch_equals_each_prompt_alone(models):
+  _, model = models
+  prompts = _prompts(1, [2, 9, 5])
+  batch = sampling.generate(model, prompts, max_new_tokens=8)
+  for b, prompt in enumerate(prompts):
+    alone = sampling.generate(model, [prompt], max_new_tokens=8)
+    assert _row(batch, b) == _row(alone, 0)
+    np.testing.assert_allclose(batch.logprobs[b], alone.logprobs[0], atol=1e-5)
+
+
+def test_continuation_equals_recompute_and_transformers(models):
+  hf, model = models
+  prompts = _prompts(2, [6, 4, 9])
+  obs = _prompts(3, [5, 0, 3])  # row 1 finished: no tokens, excluded
+  sampler = sampling.Sampler(model, batch_size=3, max_len=64)
+  first = sampler.generate(sampler.prefill(prompts), 6)
+  lengths_before = first.state.lengths.copy()
+  second = sampler.generate(sampler.append(first.state, obs), 7,
+                            active=[True, False, True])
+  assert second.lengths.tolist() == [7, 0, 7]
+  np.testing.assert_array_equal(second.state.lengths,
+                                lengths_before + [5 + 7, 0, 3 + 7])
+  for b in (0, 2):
+    history = prompts[b] + _row(first, b) + obs[b]
+    assert _row(second, b) == _hf_greedy(hf, history, 7)
+    np.testing.assert_allclose(second.logprobs[b],
+                               _hf_logprobs(hf, history, _row(second, b)),
+                               atol=1e-4)
+    scratch = sampling.generate(model, [history], max_new_tokens=7)
+    assert _row(scratch, 0) == _row(second, b)
+    np.testing.assert_allclose(scratch.logprobs[0], second.logprobs[b], atol=1e-5)
+  # Generating in two pieces without appending equals one call.
+  again = sampler.generate(sampler.prefill(prompts), 3)
+  rest = sampler.generate(again.state, 3)
+  for b in range(3):
+    assert _row(again, b) + _row(rest, b) == _row(first, b)
+
+
+def test_functional_continue_generation(models):
+  hf, model = models
+  prompts = _prompts(4, [5, 8])
+  out = sampling.generate(model, prompts, max_new_tokens=4, max_len=64)
+  obs = [[1, 2, 3], []]
+  histories = [prompts[0] + _row(out, 0) + obs[0]]
+  nxt = sampling.continue_generation(model, out.state, obs, max_new_tokens=5)
+  assert nxt.lengths.tolist() == [5, 0]
+  assert _row(nxt, 0) == _hf_greedy(hf, histories[0], 5)
+
+
+def _first_stop(tokens, stop_seqs):
+  """Index one past the first completed stop sequence in `tokens` (numpy ref)."""
+  for end in range(1, len(tokens) + 1):
+    for s in stop_seqs:
+      if end >= len(s) and tokens[end - len(s):end] == list(s):
+        return end
+  return len(tokens)
+
+
+def test_stop_sequences_and_stop_ids_per_row(models):
+  _, model = models
+  prompts = _prompts(5, [4, 6, 8])
+  free = sampling.generate(model, prompts, max_new_tokens=12)
+  rows = [_row(free, b) for b in range(3)]
+  # Row 0 stops on a 3-token sequence taken from its own output, row 1 on a
+  # single id, row 2 on neither (the sequences do not occur in it).
+  seq = rows[0][4:7]
+  stop_id = rows[1][5]
+  stop_seqs = [seq, [stop_id]]
+  out = sampling.generate(model, prompts, max_new_tokens=12,
+                          stop_sequences=[seq], stop_token_ids=[stop_id],
+                          pad_token_id=-1)
+  for b in range(3):
+    end = _first_stop(rows[b], stop_seqs)
+    assert out.lengths[b] == end
+    assert _row(out, b) == rows[b][:end]
+    assert np.all(out.tokens[b, end:] == -1)
+    np.testing.assert_array_equal(out.logprobs[b, end:], 0.0)
+    assert bool(out.stopped[b]) == (end < 12 or rows[b][:end][-1:] == [stop_id]
+                                    or rows[b][end - len(seq):end] == seq)
+  assert out.lengths[0] <= 7 and out.lengths[1] <= 6
+
+
+def test_sampling_seeded_and_restricted(models):
+  hf, model = models
+  prompt = _prompts(6, [5])[0]
+  prompts = [prompt] * 16
+  kw = dict(max_new_tokens=6, temperature=1.5)
+  a = sampling.generate(model, prompts, seed=3, **kw)
+  b = sampling.generate(model, prompts, seed=3, **kw)
+  c = sampling.generate(model, prompts, seed=4, **kw)
+  np.testing.assert_array_equal(a.tokens, b.tokens)
+  assert not np.array_equal(a.tokens, c.tokens)
+  assert len({tuple(r) for r in a.tokens.tolist()}) > 1  # rows differ
+  # Plain log-probs are still those of a forward pass at temperature 1.
+  for r in range(3):
+    np.testing.assert_allclose(a.logprobs[r], _hf_logprobs(hf, prompt, _row(a, r)),
+                               atol=1e-4)
+  # top-k=1 and a tiny top-p are greedy whatever the temperature.
+  greedy = sampling.generate(model, [prompt], max_new_tokens=6)
+  for extra in (dict(top_k=1), dict(top_p=1e-4)):
+    s = sampling.generate(model, [prompt] * 4, seed=5, **kw, **extra)
+    for r in range(4):
+      assert _row(s, r) == _row(greedy, 0)
+  # top-k=3: first tokens among the 3 most likely; processed log-prob is the
+  # log of the renormalised tempered top-3 distribution (numpy reference).
+  with torch.no_grad():
+    logits = hf(torch.tensor([prompt])).logits[0, -1].double().numpy() / 1.5
+  top3 = np.argsort(-logits)[:3]
+  p3 = np.exp(logits[top3] - logits[top3].max())
+  p3 /= p3.sum()
+  s = sampling.generate(model, [prompt] * 64, seed=7, top_k=3, **kw)
+  firsts = s.tokens[:, 0]
+  assert set(firsts.tolist()) <= set(top3.tolist())
+  for r in range(64):
+    want = np.log(p3[list(top3).index(firsts[r])])
+    np.testing.assert_allclose(s.processed_logprobs[r, 0], want, atol=1e-4)
+
+
+def _sample_many(logits, n, **kw):
+  keys = jax.random.split(jax.random.key(0), n)
+  x = jax.numpy.asarray(np.tile(logits, (1, 1)), jax.numpy.float32)
+  fn = lambda k: sampling._sample(x, k, 1.0, kw.get("top_p", 1.0),  # pylint: disable=protected-access
+                                  greedy=False, top_k=kw.get("top_k", 0),
+                                  use_top_p=kw.get("top_p", 1.0) < 1.0)
+  toks, lps = jax.vmap(fn)(keys)
+  return np.asarray(toks)[:, 0], np.asarray(lps)[:, 0]
+
+
+@pytest.mark.parametrize("kw,support", [
+    (dict(top_k=2), [0, 1]),
+    (dict(top_p=0.6), [0, 1]),     # 0.5 < 0.6: the token crossing 0.6 is kept
+    (dict(top_p=0.5), [0]),        # 0.5 reaches 0.5: only the first token
+    (dict(top_k=3, top_p=0.9), [0, 1, 2]),
+    (dict(), [0, 1, 2, 3, 4]),
+])
+def test_top_k_top_p_support_and_frequencies(kw, support):
+  probs = np.array([0.5, 0.25, 0.15, 0.06, 0.04])
+  toks, lps = _sample_many(np.log(probs)[None], 4000, **kw)
+  assert set(toks.tolist()) == set(support)
+  want = probs[support] / probs[support].sum()
+  freq = np.array([(toks == t).mean() for t in support])
+  # 4000 draws: binomial std <= 0.008, so 0.04 is a 5-sigma bound.
+  np.testing.assert_allclose(freq, want, atol=0.04)
+  np.testing.assert_allclose(lps, np.log(want[np.searchsorted(support, toks)]),
+                             atol=1e-5)
+
+
+def test_bucketing_avoids_recompiles_and_counts_tokens(models):
+  _, model = models
+  # One attention window (the whole cache): only chunk/budget buckets matter.
+  sampler = sampling.Sampler(model, batch_size=2, max_len=128, min_chunk=16,
+                             min_window=128)
+  state = sampler.prefill(_prompts(7, [10, 3]))
+  out = sampler.generate(state, 5, stop_token_ids=[1])
+  warm = out.state.stats.compilations
+  assert warm >= 2  # one append and one decode executable at least
+  decoded = int(out.lengths.sum())
+  appended = 13
+  for turn in range(3):  # observations of different lengths, same bucket
+    obs = _prompts(8 + turn, [4 + turn, 9 - turn])
+    appended += sum(map(len, obs))
+    out = sampler.generate(sampler.append(out.state, obs), 5 + turn,
+                           stop_token_ids=[1])
+    decoded += int(out.lengths.sum())
+  stats = out.state.stats
+  assert stats.compilations == warm
+  assert stats.prefill_tokens == appended
+  assert stats.decode_tokens == decoded
+  assert stats.decode_steps >= max(5, 8) and stats.decode_calls == 4
+  np.testing.assert_array_equal(out.state.lengths,
+                                np.asarray(out.state.cache["lengths"]))
+
+
+def test_attention_windows_across_turns_match_transformers(models):
+  """Histories grow through several attention windows, mid-turn included."""
+  hf, model = models
+  sampler = sampling.Sampler(model, batch_size=2, max_len=160, min_window=16)
+  histories = _prompts(11, [9, 20])
+  out = sampler.generate(sampler.prefill(histories), 13)
+  for turn in range(6):
+    for b in range(2):
+      assert _row(out, b) == _hf_greedy(hf, histories[b], 13), (turn, b)
+      histories[b] = histories[b] + _row(out, b)
+    if turn == 5:
+      break
+    obs = _prompts(20 + turn, [3 + 2 * turn, 7])
+    histories = [h + o for h, o in zip(histories, obs)]
+    out = sampler.generate(sampler.append(out.state, obs), 13)
+  # A bounded number of programs: at most one per window and kind (+ chunks).
+  assert out.state.stats.compilations <= 2 * len(sampler.windows) + 2
+
+
+def test_capacity_errors_and_budget_clipping(models):
+  _, model = models
+  sampler = sampling.Sampler(model, batch_size=2, max_len=16)
+  with pytest.raises(ValueError, match="capacity"):
+    sampler.prefill([[1] * 17, [2]])
+  with pytest.raises(ValueError, match="rows"):
+    sampler.prefill([[1]])
+  out = sampler.generate(sampler.prefill([[1] * 12, [2] * 3]), 10)
+  assert out.lengths.tolist() == [4, 10]  # row 0 clipped to the free slots
