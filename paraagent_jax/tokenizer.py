@@ -127,9 +127,9 @@ class ChatEncoder:
 def load_tokenizer(path: str):
   """Loads a tokenizer from a local HF directory (ours or a real Qwen3's).
 
-  The ParaAct chat template is set when the directory has none; the protocol
-  tags are added as single tokens when missing (a Qwen3 vocabulary does not
-  have them; callers that add them must resize the embeddings).
+  The ParaAct chat template is set when the directory has none. The protocol
+  tags are not added to a foreign vocabulary (that would need resized
+  embeddings): with a Qwen3 tokenizer they are ordinary multi-token text.
 
   Args:
     path: directory with ``tokenizer.json`` / ``tokenizer_config.json``.
