@@ -27,7 +27,10 @@ import torch
 import transformers
 
 from paraagent_jax import sampling
-from paraagent_jax.models import hf_io
+try:
+  from paraagent_jax.models import hf_io
+except ImportError:  # hf_io not landed yet: same weights copied from torch.
+  hf_io = None
 
 
 def _hf_model(seed: int) -> transformers.Qwen3ForCausalLM:
@@ -93,9 +96,13 @@ def main(argv=None) -> None:
   torch.set_num_threads(args.threads)
 
   hf = _hf_model(args.seed)
-  with tempfile.TemporaryDirectory() as tmp:
-    hf.save_pretrained(tmp)
-    model = hf_io.load_hf(tmp)
+  if hf_io is None:
+    from tests.test_sampling import _from_torch
+    model = _from_torch(hf)
+  else:
+    with tempfile.TemporaryDirectory() as tmp:
+      hf.save_pretrained(tmp)
+      model = hf_io.load_hf(tmp)
   print(f"jax {jax.__version__} ({jax.default_backend()}, "
         f"{jax.device_count()} devices), torch {torch.__version__} "
         f"({torch.get_num_threads()} threads), transformers "
