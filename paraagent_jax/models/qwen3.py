@@ -1,0 +1,455 @@
+"""Qwen3 dense decoder in Flax NNX, numerically matching `transformers.Qwen3`.
+
+Architecture (as in Hugging Face `Qwen3ForCausalLM`): token embedding, decoder
+layers of [RMSNorm -> grouped-query attention with per-head q/k RMSNorm and
+split-halves RoPE -> residual -> RMSNorm -> SwiGLU MLP -> residual], final
+RMSNorm, LM head (tied to the embedding or not).
+
+Parameters are stored in einsum layouts with named dimensions:
+  B batch, T query positions, S key positions / cache slots, D model width,
+  N query heads, K kv heads, G = N / K, H head dim, F MLP width, V vocab, L layers.
+Every parameter carries its logical axis names in `out_sharding` metadata (eager
+sharding off: `sharding.shard_model` maps the names to a mesh through a rules
+table, with a divisibility fallback). With `scan_layers` the layer parameters are
+stacked along a leading "layers" axis and the stack runs under `jax.lax.scan`.
+
+The KV cache is a plain pytree `{"k", "v": [L, B, S, K, H], "lengths": [B]}`;
+`forward_chunk` appends a right-padded chunk per row and serves prefill, decode
+and multi-turn continuation (see its docstring for the contract).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+
+from paraagent_jax import sharding as shd
+
+# Finite "minus infinity": a query with no visible key (a left-padding position)
+# then gets a uniform softmax instead of NaN.
+_MASK_VALUE = -1e30
+
+_PRESETS: dict[str, dict[str, Any]] = {
+    # Sizes from the Hugging Face config.json of the Qwen3 releases.
+    "qwen3-0.6b": dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072,
+                       num_layers=28, num_heads=16, num_kv_heads=8, head_dim=128,
+                       tie_embeddings=True),
+    "qwen3-1.7b": dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144,
+                       num_layers=28, num_heads=16, num_kv_heads=8, head_dim=128,
+                       tie_embeddings=True),
+    "qwen3-4b": dict(vocab_size=151936, hidden_size=2560, intermediate_size=9728,
+                     num_layers=36, num_heads=32, num_kv_heads=8, head_dim=128,
+                     tie_embeddings=True),
+    "qwen3-8b": dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288,
+                     num_layers=36, num_heads=32, num_kv_heads=8, head_dim=128,
+                     tie_embeddings=False),
+    "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=128,
+                 num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
+                 max_position_embeddings=2048),
+    "demo": dict(vocab_size=4096, hidden_size=256, intermediate_size=768,
+                 num_layers=4, num_heads=4, num_kv_heads=2, head_dim=64,
+                 max_position_embeddings=4096),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Qwen3Config:
+  """Qwen3 hyper-parameters plus our execution options (dtypes, scan, remat)."""
+  vocab_size: int
+  hidden_size: int
+  intermediate_size: int
+  num_layers: int
+  num_heads: int
+  num_kv_heads: int
+  head_dim: int
+  rope_theta: float = 1e6
+  rms_norm_eps: float = 1e-6
+  tie_embeddings: bool = True
+  max_position_embeddings: int = 40960
+  param_dtype: str = "float32"
+  dtype: str = "float32"          # compute dtype (bf16 on TPU)
+  scan_layers: bool = False
+  remat: str = "none"             # "none" | "full" | "dots"
+
+  def __post_init__(self):
+    if self.num_heads % self.num_kv_heads:
+      raise ValueError(f"num_heads={self.num_heads} is not a multiple of "
+                       f"num_kv_heads={self.num_kv_heads}")
+    if self.head_dim % 2:
+      raise ValueError(f"head_dim={self.head_dim} must be even for RoPE")
+    if self.remat not in ("none", "full", "dots"):
+      raise ValueError(f"remat={self.remat!r}; expected 'none', 'full' or 'dots'")
+
+  @classmethod
+  def preset(cls, name: str, **overrides) -> "Qwen3Config":
+    """A named size ("qwen3-0.6b", ..., "qwen3-8b", "tiny", "demo") + overrides."""
+    if name not in _PRESETS:
+      raise ValueError(f"unknown preset {name!r}; known: {sorted(_PRESETS)}")
+    return cls(**{**_PRESETS[name], **overrides})
+
+  def replace(self, **changes) -> "Qwen3Config":
+    """A copy with some fields changed."""
+    return dataclasses.replace(self, **changes)
+
+  @classmethod
+  def from_hf_dict(cls, d: dict[str, Any], **overrides) -> "Qwen3Config":
+    """Builds a config from a Hugging Face Qwen3 `config.json` dict.
+
+    Raises:
+      ValueError: the dict describes something this model does not implement
+        (another architecture, attention bias, sliding window, RoPE scaling).
+    """
+    archs = d.get("architectures") or ["Qwen3ForCausalLM"]
+    if d.get("model_type") != "qwen3" or "Qwen3ForCausalLM" not in archs:
+      raise ValueError(
+          f"unsupported architecture: model_type={d.get('model_type')!r} "
+          f"architectures={archs}; only Qwen3ForCausalLM (model_type 'qwen3')")
+    if d.get("attention_bias"):
+      raise ValueError("unsupported Qwen3 config: attention_bias=true")
+    if d.get("use_sliding_window"):
+      raise ValueError("unsupported Qwen3 config: use_sliding_window=true")
+    if d.get("hidden_act", "silu") != "silu":
+      raise ValueError(f"unsupported Qwen3 config: hidden_act={d['hidden_act']!r}")
+    rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type != "default":
+      raise ValueError(f"unsupported Qwen3 config: rope_type={rope_type!r}")
+    theta = rope.get("rope_theta", d.get("rope_theta", 1e6))
+    heads = d["num_attention_heads"]
+    fields = dict(
+        vocab_size=d["vocab_size"], hidden_size=d["hidden_size"],
+        intermediate_size=d["intermediate_size"],
+        num_layers=d["num_hidden_layers"], num_heads=heads,
+        num_kv_heads=d.get("num_key_value_heads") or heads,
+        head_dim=d.get("head_dim") or d["hidden_size"] // heads,
+        rope_theta=float(theta), rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+        tie_embeddings=bool(d.get("tie_word_embeddings", False)),
+        max_position_embeddings=int(d.get("max_position_embeddings", 40960)))
+    fields.update(overrides)
+    return cls(**fields)
+
+  def to_hf_dict(self) -> dict[str, Any]:
+    """The Hugging Face `config.json` dict for this architecture."""
+    return {
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+        "vocab_size": self.vocab_size, "hidden_size": self.hidden_size,
+        "intermediate_size": self.intermediate_size,
+        "num_hidden_layers": self.num_layers,
+        "num_attention_heads": self.num_heads,
+        "num_key_value_heads": self.num_kv_heads, "head_dim": self.head_dim,
+        "hidden_act": "silu", "max_position_embeddings": self.max_position_embeddings,
+        "rms_norm_eps": self.rms_norm_eps, "rope_theta": self.rope_theta,
+        "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta},
+        "tie_word_embeddings": self.tie_embeddings, "attention_bias": False,
+        "attention_dropout": 0.0, "use_sliding_window": False,
+        "sliding_window": None, "initializer_range": 0.02, "use_cache": True,
+        "dtype": self.param_dtype,
+    }
+
+
+# ----------------------------------------------------------------------------
+# Numerics shared by every code path.
+# ----------------------------------------------------------------------------
+
+
+def rms_norm(x, w, eps):
+  """HF Qwen3RMSNorm: statistics in fp32, scale applied in the input dtype."""
+  x32 = x.astype(jnp.float32)
+  normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+  return w.astype(x.dtype) * normed.astype(x.dtype)
+
+
+def rope(x, positions, theta):
+  """Split-halves rotary embedding. x [B,T,n,H], positions [B,T] int."""
+  h = x.shape[-1]
+  inv_freq = 1.0 / (theta ** (jnp.arange(0, h, 2, dtype=jnp.float32) / h))
+  freqs = positions.astype(jnp.float32)[..., None] * inv_freq     # [B,T,H/2]
+  cos = jnp.cos(freqs)[:, :, None, :]
+  sin = jnp.sin(freqs)[:, :, None, :]
+  x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return out.astype(x.dtype)
+
+
+def _attend(q_btnh, k_bskh, v_bskh, mask_bts):
+  """Grouped-query attention; softmax in fp32. Returns [B,T,N,H]."""
+  b, t, n, h = q_btnh.shape
+  kh = k_bskh.shape[2]
+  q = q_btnh.reshape(b, t, kh, n // kh, h)
+  scores = jnp.einsum("BTKGH,BSKH->BKGTS", q, k_bskh,
+                      preferred_element_type=jnp.float32) * (h ** -0.5)
+  scores = jnp.where(mask_bts[:, None, None], scores, _MASK_VALUE)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v_bskh.dtype)
+  out = jnp.einsum("BKGTS,BSKH->BTKGH", probs, v_bskh)
+  return out.reshape(b, t, n, h)
+
+
+# Logical axis names of one decoder layer's parameters (without "layers").
+_LAYER_AXES: dict[str, tuple[str | None, ...]] = {
+    "attn_norm": ("norm",),
+    "q_proj": ("embed", "heads", "head_dim"),
+    "k_proj": ("embed", "kv_heads", "head_dim"),
+    "v_proj": ("embed", "kv_heads", "head_dim"),
+    "o_proj": ("heads", "head_dim", "embed"),
+    "q_norm": ("head_dim",),
+    "k_norm": ("head_dim",),
+    "mlp_norm": ("norm",),
+    "gate_proj": ("embed", "mlp"),
+    "up_proj": ("embed", "mlp"),
+    "down_proj": ("mlp", "embed"),
+}
+
+
+def _layer_shapes(cfg: Qwen3Config) -> dict[str, tuple[int, ...]]:
+  d, n, k, h, f = (cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads,
+                   cfg.head_dim, cfg.intermediate_size)
+  return {"attn_norm": (d,), "q_proj": (d, n, h), "k_proj": (d, k, h),
+          "v_proj": (d, k, h), "o_proj": (n, h, d), "q_norm": (h,),
+          "k_norm": (h,), "mlp_norm": (d,), "gate_proj": (d, f),
+          "up_proj": (d, f), "down_proj": (f, d)}
+
+
+def _param(rngs, shape, axes, dtype, ones=False):
+  """A Param with logical axis names; eager sharding off (shard_model maps)."""
+  if ones:
+    value = jnp.ones(shape, dtype)
+  else:
+    value = (0.02 * jax.random.normal(rngs.params(), shape)).astype(dtype)
+  return nnx.Param(value, out_sharding=tuple(axes), eager_sharding=False)
+
+
+class DecoderLayers(nnx.Module):
+  """The parameters of one decoder layer, or of all layers stacked (scan)."""
+
+  def __init__(self, cfg: Qwen3Config, *, rngs: nnx.Rngs,
+               num_stacked: int | None = None):
+    dtype = jnp.dtype(cfg.param_dtype)
+    lead = () if num_stacked is None else (num_stacked,)
+    lead_axes = () if num_stacked is None else ("layers",)
+    for name, shape in _layer_shapes(cfg).items():
+      setattr(self, name, _param(rngs, lead + shape, lead_axes + _LAYER_AXES[name],
+                                 dtype, ones=name.endswith("norm")))
+
+  def arrays(self) -> dict[str, jax.Array]:
+    """The parameter arrays by name (what the pure layer function takes)."""
+    return {name: getattr(self, name)[...] for name in _LAYER_AXES}
+
+
+def _layer(p, x, positions, mask, cfg: Qwen3Config, ctx, kv_write=None):
+  """One decoder layer as a pure function of its parameter arrays `p`.
+
+  Args:
+    p: layer parameter arrays (see `_LAYER_AXES`).
+    x: [B,T,D] residual stream (compute dtype).
+    positions: [B,T] RoPE positions.
+    mask: [B,T,S] bool, which keys each query sees.
+    cfg: model config.
+    ctx: (mesh, rules) for activation constraints, or None.
+    kv_write: None for a cache-free forward (S = T); else (k_cache, v_cache,
+      layer, b_idx, slot) with caches [L,B,S,K,H]: the chunk's keys/values are
+      scattered to `slot` (out-of-range slots are dropped) and attention reads
+      the whole cache layer.
+
+  Returns:
+    (x, k_cache, v_cache); the caches are None in the cache-free forward.
+  """
+  dt = x.dtype
+  con = functools.partial(_constrain, ctx=ctx)
+  h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
+  q = jnp.einsum("BTD,DNH->BTNH", h, p["q_proj"].astype(dt))
+  k = jnp.einsum("BTD,DKH->BTKH", h, p["k_proj"].astype(dt))
+  v = jnp.einsum("BTD,DKH->BTKH", h, p["v_proj"].astype(dt))
+  q = con(q, ("batch", "seq", "act_heads", None))
+  k = con(k, ("batch", "seq", "act_kv_heads", None))
+  q = rope(rms_norm(q, p["q_norm"], cfg.rms_norm_eps), positions, cfg.rope_theta)
+  k = rope(rms_norm(k, p["k_norm"], cfg.rms_norm_eps), positions, cfg.rope_theta)
+  if kv_write is None:
+    k_all = v_all = None
+    k_att, v_att = k, v
+  else:
+    k_all, v_all, layer, b_idx, slot = kv_write
+    k_all = k_all.at[layer, b_idx, slot].set(k.astype(k_all.dtype), mode="drop")
+    v_all = v_all.at[layer, b_idx, slot].set(v.astype(v_all.dtype), mode="drop")
+    k_att, v_att = k_all[layer].astype(dt), v_all[layer].astype(dt)
+  att = _attend(q, k_att, v_att, mask)
+  x = x + jnp.einsum("BTNH,NHD->BTD", att, p["o_proj"].astype(dt))
+  x = con(x, ("batch", "seq", "act_embed"))
+  h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
+  gate = jnp.einsum("BTD,DF->BTF", h, p["gate_proj"].astype(dt))
+  up = jnp.einsum("BTD,DF->BTF", h, p["up_proj"].astype(dt))
+  hidden = con(jax.nn.silu(gate) * up, ("batch", "seq", "act_mlp"))
+  x = x + jnp.einsum("BTF,FD->BTD", hidden, p["down_proj"].astype(dt))
+  x = con(x, ("batch", "seq", "act_embed"))
+  return x, k_all, v_all
+
+
+def _constrain(x, axes, ctx):
+  if ctx is None:
+    return x
+  return shd.constrain(x, axes, ctx[0], ctx[1])
+
+
+def _maybe_remat(fn, remat: str):
+  if remat == "full":
+    return jax.checkpoint(fn)
+  if remat == "dots":
+    return jax.checkpoint(
+        fn, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
+  return fn
+
+
+class Qwen3(nnx.Module):
+  """Qwen3 causal LM. See the module docstring for layouts and the cache."""
+
+  def __init__(self, config: Qwen3Config, *, rngs: nnx.Rngs):
+    """Random initialisation (normal(0.02) kernels, ones for norms)."""
+    self.config = config
+    cfg = config
+    dtype = jnp.dtype(cfg.param_dtype)
+    self.embed_tokens = _param(rngs, (cfg.vocab_size, cfg.hidden_size),
+                               ("vocab", "embed"), dtype)
+    if cfg.scan_layers:
+      self.layers = DecoderLayers(cfg, rngs=rngs, num_stacked=cfg.num_layers)
+    else:
+      self.layers = nnx.List([DecoderLayers(cfg, rngs=rngs)
+                              for _ in range(cfg.num_layers)])
+    self.norm = _param(rngs, (cfg.hidden_size,), ("norm",), dtype, ones=True)
+    if not cfg.tie_embeddings:
+      self.lm_head = _param(rngs, (cfg.hidden_size, cfg.vocab_size),
+                            ("embed", "vocab"), dtype)
+    # (mesh, rules) used for activation constraints; set by sharding.shard_model.
+    self.sharding_ctx = None
+
+  # -- internals --------------------------------------------------------------
+
+  def _embed(self, input_ids):
+    dt = jnp.dtype(self.config.dtype)
+    x = jnp.take(self.embed_tokens[...], input_ids, axis=0).astype(dt)
+    return _constrain(x, ("batch", "seq", "act_embed"), self.sharding_ctx)
+
+  def _logits(self, x):
+    cfg = self.config
+    x = rms_norm(x, self.norm[...], cfg.rms_norm_eps)
+    if cfg.tie_embeddings:
+      logits = jnp.einsum("BTD,VD->BTV", x, self.embed_tokens[...].astype(x.dtype),
+                          preferred_element_type=jnp.float32)
+    else:
+      logits = jnp.einsum("BTD,DV->BTV", x, self.lm_head[...].astype(x.dtype),
+                          preferred_element_type=jnp.float32)
+    return _constrain(logits.astype(jnp.float32), ("batch", "seq", "act_vocab"),
+                      self.sharding_ctx)
+
+  def _run_layers(self, x, positions, mask, cache=None, b_idx=None, slot=None):
+    """Runs all layers (loop or scan); threads the [L,...] caches if given."""
+    cfg, ctx = self.config, self.sharding_ctx
+
+    def one(p, x, k_all, v_all, layer):
+      kv = None if k_all is None else (k_all, v_all, layer, b_idx, slot)
+      return _layer(p, x, positions, mask, cfg, ctx, kv)
+
+    one = _maybe_remat(one, cfg.remat)
+    k_all = v_all = None
+    if cache is not None:
+      k_all, v_all = cache["k"], cache["v"]
+    if cfg.scan_layers:
+      def body(carry, xs):
+        x, k_all, v_all = carry
+        p, layer = xs
+        x, k_all, v_all = one(p, x, k_all, v_all, layer)
+        return (x, k_all, v_all), None
+      xs = (self.layers.arrays(), jnp.arange(cfg.num_layers))
+      (x, k_all, v_all), _ = jax.lax.scan(body, (x, k_all, v_all), xs)
+    else:
+      for i, layer in enumerate(self.layers):
+        x, k_all, v_all = one(layer.arrays(), x, k_all, v_all, i)
+    return x, k_all, v_all
+
+  # -- public API -------------------------------------------------------------
+
+  def __call__(self, input_ids, attention_mask=None, positions=None):
+    """Full causal forward.
+
+    Args:
+      input_ids: [B,T] int token ids.
+      attention_mask: optional [B,T], 1 = real token (a key padding mask,
+        combined with the causal mask).
+      positions: optional [B,T] RoPE positions; default arange(T) per row (as
+        transformers does when `position_ids` is not given).
+
+    Returns:
+      [B,T,V] float32 logits.
+    """
+    b, t = input_ids.shape
+    if positions is None:
+      positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    mask = jnp.tril(jnp.ones((t, t), bool))[None]
+    if attention_mask is not None:
+      mask = mask & (attention_mask[:, None, :] > 0)
+    mask = jnp.broadcast_to(mask, (b, t, t))
+    x, _, _ = self._run_layers(self._embed(input_ids), positions, mask)
+    return self._logits(x)
+
+  def init_cache(self, batch_size: int, max_len: int, dtype=None) -> dict:
+    """An empty KV cache: {"k","v": [L,B,S,K,H] zeros, "lengths": [B] int32}."""
+    cfg = self.config
+    dtype = jnp.dtype(dtype or cfg.dtype)
+    shape = (cfg.num_layers, batch_size, max_len, cfg.num_kv_heads, cfg.head_dim)
+    cache = {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype),
+             "lengths": jnp.zeros((batch_size,), jnp.int32)}
+    return self.constrain_cache(cache)
+
+  def constrain_cache(self, cache: dict) -> dict:
+    """Applies the cache's logical sharding (batch over data/fsdp, kv heads)."""
+    ctx = self.sharding_ctx
+    axes = ("layers", "batch", "cache_seq", "act_kv_heads", None)
+    return {"k": _constrain(cache["k"], axes, ctx),
+            "v": _constrain(cache["v"], axes, ctx),
+            "lengths": cache["lengths"]}
+
+  def forward_chunk(self, input_ids, cache, num_new):
+    """Appends a right-padded chunk to each row of the cache.
+
+    Token i of row b is written to slot lengths[b]+i with position lengths[b]+i
+    and attends to slots j <= lengths[b]+i. Tokens i >= num_new[b] are padding:
+    they are not written (their logits are garbage and must be ignored).
+
+    Args:
+      input_ids: [B,T] int chunk (right-padded).
+      cache: the pytree from `init_cache` (or a previous call).
+      num_new: [B] int32, real tokens per row (0 leaves the row untouched).
+
+    Returns:
+      (logits [B,T,V] float32, cache with lengths += num_new).
+    """
+    b, t = input_ids.shape
+    s = cache["k"].shape[2]
+    lengths = cache["lengths"].astype(jnp.int32)
+    num_new = jnp.asarray(num_new, jnp.int32)
+    offs = jnp.arange(t, dtype=jnp.int32)[None, :]
+    positions = lengths[:, None] + offs                                 # [B,T]
+    slot = jnp.where(offs < num_new[:, None], positions, s)  # s = dropped write
+    b_idx = jnp.broadcast_to(jnp.arange(b, dtype=jnp.int32)[:, None], (b, t))
+    mask = jnp.arange(s, dtype=jnp.int32)[None, None, :] <= positions[:, :, None]
+    x, k_all, v_all = self._run_layers(self._embed(input_ids), positions, mask,
+                                       cache, b_idx, slot)
+    new_cache = self.constrain_cache(
+        {"k": k_all, "v": v_all, "lengths": lengths + num_new})
+    return self._logits(x), new_cache
+
+
+def token_logprobs(model: Qwen3, tokens, attention_mask=None):
+  """log p(tokens[:, t] | tokens[:, <t]) per position; [B,T] f32, 0 at t = 0.
+
+  Log-softmax in fp32. Positions whose token is padding get whatever the model
+  says; callers mask them with their loss mask.
+  """
+  logits = model(tokens, attention_mask=attention_mask)[:, :-1].astype(jnp.float32)
+  tgt = tokens[:, 1:]
+  picked = jnp.take_along_axis(logits, tgt[..., None], axis=-1)[..., 0]
+  lp = picked - jax.nn.logsumexp(logits, axis=-1)
+  return jnp.concatenate([jnp.zeros_like(lp[:, :1]), lp], axis=1)

@@ -1,0 +1,145 @@
+"""Tests of the Qwen3 model: the cache contract, scan/remat, presets, log-probs.
+
+Parity with `transformers.Qwen3ForCausalLM` is in tests/test_hf_io.py (it needs
+the importer); here the references are the model's own full forward for the cache
+(an independent code path: no cache, one causal mask) and numpy for log-probs.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from paraagent_jax.models import qwen3
+
+
+@pytest.fixture(scope="module")
+def tiny():
+  cfg = qwen3.Qwen3Config.preset("tiny")
+  return qwen3.Qwen3(cfg, rngs=nnx.Rngs(0))
+
+
+@jax.jit
+def _chunk(graphdef, state, ids, cache, num_new):
+  model = nnx.merge(graphdef, state)
+  return model.forward_chunk(ids, cache, num_new)
+
+
+def test_forward_chunk_ragged_prefill_continue_decode_matches_full(tiny):
+  rng = np.random.default_rng(0)
+  seqs = [list(rng.integers(0, 512, n)) for n in (11, 7, 9)]
+  # Row-wise pieces: prefill, continuation (row 1 gets nothing), two decodes.
+  plan = [(5, 3, 4), (3, 0, 2), (1, 1, 1), (1, 1, 1)]
+  graphdef, state = nnx.split(tiny)
+  cache = tiny.init_cache(3, 16)
+  got = [[] for _ in seqs]
+  pos = [0, 0, 0]
+  for counts in plan:
+    t = max(counts)
+    ids = np.zeros((3, t), np.int32)
+    for b, n in enumerate(counts):
+      ids[b, :n] = seqs[b][pos[b]:pos[b] + n]
+    # Pad a chunk to a fixed width, as the sampler's buckets do.
+    ids = np.pad(ids, ((0, 0), (0, 8 - t)), constant_values=7)
+    logits, cache = _chunk(graphdef, state, jnp.asarray(ids), cache,
+                           jnp.asarray(counts, jnp.int32))
+    for b, n in enumerate(counts):
+      got[b].extend(np.asarray(logits[b, :n]))
+      pos[b] += n
+  np.testing.assert_array_equal(np.asarray(cache["lengths"]), pos)
+  for b, seq in enumerate(seqs):
+    n = pos[b]
+    full = tiny(jnp.asarray([seq[:n]], jnp.int32))[0]
+    np.testing.assert_allclose(np.stack(got[b]), full, atol=2e-5, rtol=1e-5)
+
+
+def test_forward_chunk_zero_new_leaves_row_untouched(tiny):
+  cache = tiny.init_cache(2, 8)
+  ids = jnp.asarray([[1, 2, 3], [4, 5, 6]], jnp.int32)
+  _, cache = tiny.forward_chunk(ids, cache, jnp.asarray([3, 2], jnp.int32))
+  before = jax.tree.map(np.asarray, cache)
+  _, cache = tiny.forward_chunk(jnp.asarray([[9], [9]], jnp.int32), cache,
+                                jnp.asarray([0, 1], jnp.int32))
+  np.testing.assert_array_equal(cache["k"][:, 0], before["k"][:, 0])
+  np.testing.assert_array_equal(cache["lengths"], [3, 3])
+  # Row 1's padding slot (index 2 after the first chunk) now holds a real token.
+  assert not np.allclose(cache["k"][:, 1, 2], before["k"][:, 1, 2])
+
+
+def test_padding_beyond_capacity_is_dropped_not_clamped(tiny):
+  # A near-full row with a wide padded chunk: the padding writes would fall
+  # past the cache end; a clamped write would corrupt the real slots.
+  cache = tiny.init_cache(1, 6)
+  ids = jnp.asarray([[1, 2, 3, 4, 5]], jnp.int32)
+  _, cache = tiny.forward_chunk(ids, cache, jnp.asarray([5], jnp.int32))
+  before = np.asarray(cache["k"])
+  logits, cache = tiny.forward_chunk(jnp.asarray([[6, 0, 0, 0]], jnp.int32),
+                                     cache, jnp.asarray([1], jnp.int32))
+  np.testing.assert_array_equal(np.asarray(cache["k"])[:, :, :5], before[:, :, :5])
+  full = tiny(jnp.asarray([[1, 2, 3, 4, 5, 6]], jnp.int32))
+  np.testing.assert_allclose(logits[0, 0], full[0, 5], atol=2e-5)
+
+
+def _stacked_copy(model):
+  """The same weights in a scan_layers model (stacked along a leading axis)."""
+  cfg = model.config.replace(scan_layers=True, remat="full")
+  scanned = qwen3.Qwen3(cfg, rngs=nnx.Rngs(1))
+  for name in qwen3._LAYER_AXES:
+    stacked = jnp.stack([getattr(l, name)[...] for l in model.layers])
+    getattr(scanned.layers, name)[...] = stacked
+  scanned.embed_tokens[...] = model.embed_tokens[...]
+  scanned.norm[...] = model.norm[...]
+  return scanned
+
+
+def test_scan_layers_and_remat_match_loop(tiny):
+  scanned = _stacked_copy(tiny)
+  ids = jax.random.randint(jax.random.key(3), (2, 9), 0, 512)
+  mask = jnp.asarray([[1] * 9, [0, 0] + [1] * 7])
+  np.testing.assert_allclose(scanned(ids, attention_mask=mask),
+                             tiny(ids, attention_mask=mask), atol=1e-5)
+
+  def loss(model):
+    return jnp.mean(qwen3.token_logprobs(model, ids, mask))
+
+  g_loop = nnx.grad(loss)(tiny)
+  g_scan = nnx.grad(loss)(scanned)
+  for name in ("q_proj", "down_proj"):
+    loop = jnp.stack([g_loop.layers[i][name][...] for i in range(2)])
+    np.testing.assert_allclose(g_scan.layers[name][...], loop,
+                               atol=1e-6, rtol=1e-4)
+  # Cache path through the scan.
+  cache = scanned.init_cache(2, 12)
+  logits, cache = scanned.forward_chunk(ids, cache, jnp.asarray([9, 9]))
+  np.testing.assert_allclose(logits, tiny(ids), atol=2e-5)
+
+
+def test_token_logprobs_match_numpy_log_softmax(tiny):
+  ids = jax.random.randint(jax.random.key(4), (2, 6), 0, 512)
+  logits = np.asarray(tiny(ids), np.float64)
+  m = logits.max(-1, keepdims=True)
+  logsm = logits - m - np.log(np.exp(logits - m).sum(-1, keepdims=True))
+  ref = np.zeros((2, 6))
+  ids_np = np.asarray(ids)
+  for b in range(2):
+    for t in range(1, 6):
+      ref[b, t] = logsm[b, t - 1, ids_np[b, t]]
+  np.testing.assert_allclose(qwen3.token_logprobs(tiny, ids), ref, atol=1e-5)
+
+
+def test_presets_parameter_counts_and_hf_dict_round_trip():
+  # Published sizes: Qwen3-0.6B 0.6B (0.44B non-embedding), 4B 4.0B, 8B 8.2B.
+  counts = {}
+  for name in ("qwen3-0.6b", "qwen3-4b", "qwen3-8b"):
+    cfg = qwen3.Qwen3Config.preset(name)
+    abstract = nnx.eval_shape(lambda c=cfg: qwen3.Qwen3(c, rngs=nnx.Rngs(0)))
+    counts[name] = sum(x.size for x in jax.tree.leaves(nnx.state(abstract)))
+    assert qwen3.Qwen3Config.from_hf_dict(cfg.to_hf_dict()) == cfg
+  assert 0.59e9 < counts["qwen3-0.6b"] < 0.61e9
+  assert 4.0e9 < counts["qwen3-4b"] < 4.05e9
+  assert 8.1e9 < counts["qwen3-8b"] < 8.3e9
+  with pytest.raises(ValueError, match="unknown preset"):
+    qwen3.Qwen3Config.preset("qwen3-13b")
+  with pytest.raises(ValueError, match="multiple of num_kv_heads"):
+    qwen3.Qwen3Config.preset("tiny", num_kv_heads=3)
