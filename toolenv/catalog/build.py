@@ -79,6 +79,7 @@ def write_catalog(path: str, tools: list[Tool], info: dict[str, Any]) -> None:
       json.dump({"format": CACHE_FORMAT, "info": info,
                  "tools": [t.to_dict() for t in tools]}, f,
                 separators=(",", ":"))
+    os.chmod(tmp, 0o644)  # mkstemp makes 0600; the cache is shared.
     os.replace(tmp, path)
   except BaseException:
     if os.path.exists(tmp):

@@ -1,0 +1,1 @@
+"""Benchmark adapters (BFCL) that score agents with their own rules."""
