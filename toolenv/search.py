@@ -1,0 +1,199 @@
+"""Tool retrieval over a catalog: BM25 (bm25s) over names and descriptions.
+
+    index = SearchIndex.for_catalog(cat)          # built once, cached on disk
+    index.search("weather station details", top_k=5)   -> [(name, score), ...]
+    index.search_text("...")   # what the agent reads, one line per tool:
+      skyraly_get_station: Skyraly: get the details of a station by its id (...). (station_id*: str)
+    get_tool_doc(cat, name)    # the full interface, compact JSON
+
+Tokens: lower-cased words split on non-alphanumerics, underscores and
+camelCase, English stop words dropped, plural endings folded (a light suffix
+rule: ``stations`` -> ``station``), so queries written in natural phrasing meet
+tool names written in snake_case.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+from typing import Any
+
+import bm25s
+import numpy as np
+
+from toolenv.catalog.store import Catalog, _atomic_write
+from toolenv.schema import Tool
+
+INDEX_VERSION = "1"
+MAX_TOP_K = 10
+_SPLIT = re.compile(r"[^0-9a-zA-Z]+")
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+STOPWORDS = frozenset(
+    "a an and are as at be by for from has have i in is it its me my of on or "
+    "our please that the their then them this to was we what which with you "
+    "your tell give find out also all each one".split())
+_TYPE_ABBR = {"string": "str", "integer": "int", "number": "num",
+              "boolean": "bool", "array": "list", "object": "obj"}
+
+
+@functools.lru_cache(maxsize=200_000)
+def _stem(w: str) -> str:
+  if len(w) > 4 and w.endswith("ies"):
+    return w[:-3] + "y"
+  if len(w) > 4 and w.endswith(("ches", "shes", "xes", "sses")):
+    return w[:-2]
+  if len(w) > 3 and w.endswith("s") and not w.endswith(("ss", "us", "is")):
+    return w[:-1]
+  return w
+
+
+def tokenize(text: Any) -> list[str]:
+  """Search tokens of a text (see the module docstring)."""
+  if not isinstance(text, str):
+    return []
+  out = []
+  for w in _SPLIT.split(_CAMEL.sub(" ", text)):
+    w = w.lower()
+    if len(w) < 2 and not w.isdigit():
+      continue
+    if w in STOPWORDS:
+      continue
+    out.append(_stem(w))
+  return out
+
+
+def param_signature(tool: Tool) -> str:
+  """Compact parameter list: ``(station_id*: str, units: metric|imperial = metric)``."""
+  req = set(tool.required)
+  parts = []
+  for p, sch in tool.properties.items():
+    if not isinstance(sch, dict):
+      parts.append(p)
+      continue
+    if "enum" in sch:
+      t = "|".join(str(v) for v in sch["enum"][:6])
+    else:
+      t = _TYPE_ABBR.get(sch.get("type"), str(sch.get("type", "any")))
+    s = f"{p}{'*' if p in req else ''}: {t}"
+    if "default" in sch:
+      s += f" = {sch['default']}"
+    parts.append(s)
+  return "(" + ", ".join(parts) + ")"
+
+
+def result_line(tool: Tool) -> str:
+  """One search-result line: ``name: description (params)``."""
+  return f"{tool.name}: {tool.description} {param_signature(tool)}"
+
+
+def get_tool_doc(catalog: Catalog, name: Any) -> dict[str, Any] | None:
+  """The full interface of a tool as a compact dict, or None if unknown."""
+  tool = catalog.get(name)
+  if tool is None:
+    return None
+  req = set(tool.required)
+  params = {}
+  for p, sch in tool.properties.items():
+    sch = sch if isinstance(sch, dict) else {}
+    d = {"type": sch.get("type", "any"), "required": p in req}
+    for k in ("enum", "default", "minimum", "maximum", "description"):
+      if k in sch:
+        d[k] = sch[k]
+    params[p] = d
+  returns = {k: (v.get("type", "any") if isinstance(v, dict) else "any")
+             for k, v in tool.response.get("properties", {}).items()}
+  return {"name": tool.name, "provider": tool.provider,
+          "description": tool.description, "effect": tool.effect,
+          "parameters": params, "returns": returns}
+
+
+class SearchIndex:
+  """BM25 over a catalog's tool names, descriptions, providers and categories."""
+
+  def __init__(self, catalog: Catalog, retriever: bm25s.BM25,
+               vocab: dict[str, int]):
+    self.catalog = catalog
+    self._bm25 = retriever
+    self._vocab = vocab
+    self._cached = functools.lru_cache(maxsize=65_536)(self._search_uncached)
+
+  @staticmethod
+  def documents(catalog: Catalog) -> list[list[str]]:
+    """The token list of each tool, in catalog order."""
+    cats, provs, descs = (catalog.column(c) for c in ("category", "provider", "description"))
+    return [tokenize(f"{n} {d} {p} {c}")
+            for n, d, p, c in zip(catalog.names, descs, provs, cats)]
+
+  @classmethod
+  def build(cls, catalog: Catalog) -> "SearchIndex":
+    """Indexes ``catalog`` from scratch."""
+    docs = cls.documents(catalog)
+    vocab: dict[str, int] = {}
+    ids = [[vocab.setdefault(t, len(vocab)) for t in d] for d in docs]
+    retriever = bm25s.BM25()
+    retriever.index(bm25s.tokenization.Tokenized(ids=ids, vocab=vocab),
+                    show_progress=False)
+    return cls(catalog, retriever, vocab)
+
+  @classmethod
+  def for_catalog(cls, catalog: Catalog, cache: bool = True) -> "SearchIndex":
+    """The index of ``catalog``: memoised on it, and cached next to its store."""
+    memo = getattr(catalog, "_search_index", None)
+    if memo is not None:
+      return memo
+    path = catalog.info.get("cache_path")
+    d = os.path.join(path, f"bm25-v{INDEX_VERSION}-{catalog.fingerprint}") if (
+        cache and path) else None
+    index = None
+    if d and os.path.isfile(os.path.join(d, "toolenv_vocab.json")):
+      try:
+        retriever = bm25s.BM25.load(d, show_progress=False)
+        with open(os.path.join(d, "toolenv_vocab.json"), "rb") as f:
+          vocab = json.loads(f.read())
+        index = cls(catalog, retriever, vocab)
+      except (OSError, ValueError, KeyError):
+        index = None
+    if index is None:
+      index = cls.build(catalog)
+      if d:
+        index.save(d)
+    catalog._search_index = index  # pylint: disable=protected-access
+    return index
+
+  def save(self, d: str) -> None:
+    """Writes the BM25 arrays, then our vocabulary last (its presence marks a full save)."""
+    os.makedirs(d, exist_ok=True)
+    self._bm25.save(d, show_progress=False)
+    _atomic_write(os.path.join(d, "toolenv_vocab.json"),
+                  json.dumps(self._vocab, separators=(",", ":")).encode())
+
+  def _search_uncached(self, query: str, top_k: int) -> tuple[tuple[str, float], ...]:
+    ids = list(dict.fromkeys(self._vocab[t] for t in tokenize(query) if t in self._vocab))
+    if not ids:
+      return ()
+    scores = self._bm25.get_scores(ids)
+    n = scores.shape[0]
+    k = min(top_k, n)
+    cand = np.argpartition(-scores, k - 1)[:k] if k < n else np.arange(n)
+    # Ties broken by catalog position, so results never depend on numpy's sort.
+    order = sorted(cand.tolist(), key=lambda i: (-float(scores[i]), i))
+    names = self.catalog.names
+    return tuple((names[i], round(float(scores[i]), 4)) for i in order
+                 if scores[i] > 0)
+
+  def search(self, query: Any, top_k: Any = 5) -> list[tuple[str, float]]:
+    """Top ``top_k`` (1..10) tools for ``query`` as ``(name, score)``, best first."""
+    if not isinstance(query, str) or not query.strip():
+      return []
+    k = top_k if isinstance(top_k, int) and not isinstance(top_k, bool) else 5
+    k = max(1, min(MAX_TOP_K, k))
+    return list(self._cached(query[:500], k))
+
+  def search_text(self, query: Any, top_k: Any = 5) -> str:
+    """Search results as the agent reads them (one line per tool)."""
+    hits = self.search(query, top_k)
+    if not hits:
+      return "no tools found"
+    return "\n".join(result_line(self.catalog[n]) for n, _ in hits)
