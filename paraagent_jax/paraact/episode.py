@@ -1,0 +1,182 @@
+"""Per-episode token bookkeeping for ParaAct rollouts, and the fixed-shape batch.
+
+A rollout appends, per episode, context tokens (prompt, observations, chat
+template glue: not trained on) and policy tokens (what the policy wrote: trained
+on). This module keeps those streams aligned with the labels the RL loss needs
+and packs a finished batch of episodes into fixed-shape numpy arrays.
+
+Token kinds (the RL loss credits them differently):
+  PLAN=0 (phase tag and thought), ACTION=1 (the calls), ANSWER=2, CONTEXT=3.
+Phase types: EXPLORE=0, EXECUTE=1 (an answer step has no phase segment).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import numpy as np
+
+PLAN, ACTION, ANSWER, CONTEXT = 0, 1, 2, 3
+EXPLORE, EXECUTE = 0, 1
+PHASE_CODES = {"explore": EXPLORE, "execute": EXECUTE}
+
+
+@dataclasses.dataclass
+class EpisodeBuffer:
+  """The growing token stream of one episode.
+
+  ``step_id`` / ``phase_id`` of a policy token index that step's entry in
+  ``step_rewards`` and that phase segment's entry in ``phase_rewards``; on
+  context tokens they are -1.
+  """
+
+  tokens: list[int] = dataclasses.field(default_factory=list)
+  loss_mask: list[int] = dataclasses.field(default_factory=list)
+  logprobs: list[float] = dataclasses.field(default_factory=list)
+  step_id: list[int] = dataclasses.field(default_factory=list)
+  phase_id: list[int] = dataclasses.field(default_factory=list)
+  token_kind: list[int] = dataclasses.field(default_factory=list)
+  # Per step: the phase string as parsed, and its segment index (-1 for answers
+  # and unparseable steps, which belong to no phase segment).
+  step_phases: list[str] = dataclasses.field(default_factory=list)
+  step_segment: list[int] = dataclasses.field(default_factory=list)
+  segment_types: list[int] = dataclasses.field(default_factory=list)
+  truncated: bool = False
+  done: bool = False
+
+  def __len__(self) -> int:
+    return len(self.tokens)
+
+  def add_context(self, ids: Sequence[int]) -> None:
+    """Appends tokens the policy did not write (mask 0)."""
+    n = len(ids)
+    self.tokens.extend(int(i) for i in ids)
+    self.loss_mask.extend([0] * n)
+    self.logprobs.extend([0.0] * n)
+    self.step_id.extend([-1] * n)
+    self.phase_id.extend([-1] * n)
+    self.token_kind.extend([CONTEXT] * n)
+
+  def begin_step(self, phase: str | None) -> tuple[int, int]:
+    """Registers a new step with its phase; returns (step index, segment index).
+
+    An explore/execute step extends the current phase segment or opens a new
+    one. A step whose phase could not be parsed joins the current segment (or
+    opens an explore segment if there is none) so that its penalty is still
+    credited at the step level. An answer step belongs to no segment (-1).
+    """
+    step = len(self.step_phases)
+    code = PHASE_CODES.get(phase) if isinstance(phase, str) else None
+    last = next((s for s in reversed(self.step_segment) if s >= 0), -1)
+    if phase == "answer":
+      seg = -1
+    elif code is None:
+      if last < 0:
+        self.segment_types.append(EXPLORE)
+        last = 0
+      seg = last
+    elif last >= 0 and self.segment_types[last] == code:
+      seg = last
+    else:
+      seg = len(self.segment_types)
+      self.segment_types.append(code)
+    self.step_phases.append(phase if isinstance(phase, str) else "invalid")
+    self.step_segment.append(seg)
+    return step, seg
+
+  def add_policy(self, ids: Sequence[int], logprobs: Sequence[float],
+                 kinds: Sequence[int], step: int, segment: int) -> None:
+    """Appends tokens the policy wrote (mask 1) with their labels."""
+    n = len(ids)
+    if not (len(logprobs) == len(kinds) == n):
+      raise ValueError(f"policy tokens/logprobs/kinds lengths differ: {n}, "
+                       f"{len(logprobs)}, {len(kinds)}")
+    self.tokens.extend(int(i) for i in ids)
+    self.loss_mask.extend([1] * n)
+    self.logprobs.extend(float(x) for x in logprobs)
+    self.step_id.extend([step] * n)
+    # Tokens of an answer or broken step point at segment 0 with kind answer/plan;
+    # the level weights (answer: traj only) and phase_mask keep them honest.
+    self.phase_id.extend([max(segment, 0)] * n)
+    self.token_kind.extend(int(k) for k in kinds)
+
+
+def segment_rewards(step_rewards: Sequence[float], step_segment: Sequence[int],
+                    env_phases: Sequence[Any]) -> list[float]:
+  """Aligns the environment's phase-segment rewards with our segment indices.
+
+  The environment reports ``[(phase_type, reward), ...]`` for its maximal runs
+  of same-phase steps; ours are built the same way from the parsed steps, so
+  the lists correspond one to one. If they disagree in length (a step the
+  environment refused to phase), rewards are matched in order and missing ones
+  are 0.
+  """
+  del step_rewards
+  n_seg = max([s for s in step_segment if s >= 0], default=-1) + 1
+  out = [0.0] * n_seg
+  for i, item in enumerate(env_phases[:n_seg]):
+    out[i] = float(item[1] if isinstance(item, (tuple, list)) else item)
+  return out
+
+
+def pack_episodes(buffers: Sequence[EpisodeBuffer], rewards: Sequence[dict[str, Any]],
+                  group_id: Sequence[int], max_len: int, max_steps: int,
+                  max_phases: int, pad_id: int = 0) -> dict[str, np.ndarray]:
+  """Packs finished episodes into the fixed shapes of a `TrajectoryBatch`.
+
+  Args:
+    buffers: one per episode.
+    rewards: per episode, ``{"step": [...], "phase": [(type, r), ...], "trajectory": r}``
+      as returned by ``toolenv.VectorToolEnv.rewards(i)``.
+    group_id: dense group index per episode (same task -> same group).
+    max_len, max_steps, max_phases: T, S, P of the batch.
+    pad_id: token id used for padding.
+
+  Returns:
+    dict of numpy arrays with the field names of `paraagent_jax.rl.batch.TrajectoryBatch`.
+  """
+  b = len(buffers)
+  out = {
+      "tokens": np.full((b, max_len), pad_id, np.int32),
+      "loss_mask": np.zeros((b, max_len), np.float32),
+      "old_logprobs": np.zeros((b, max_len), np.float32),
+      "step_id": np.zeros((b, max_len), np.int32),
+      "phase_id": np.zeros((b, max_len), np.int32),
+      "token_kind": np.full((b, max_len), CONTEXT, np.int32),
+      "attention_mask": np.zeros((b, max_len), np.int32),
+      "seq_len": np.zeros((b,), np.int32),
+      "step_reward": np.zeros((b, max_steps), np.float32),
+      "step_mask": np.zeros((b, max_steps), np.float32),
+      "step_phase_type": np.zeros((b, max_steps), np.int32),
+      "phase_reward": np.zeros((b, max_phases), np.float32),
+      "phase_mask": np.zeros((b, max_phases), np.float32),
+      "phase_type": np.zeros((b, max_phases), np.int32),
+      "traj_reward": np.zeros((b,), np.float32),
+      "group_id": np.asarray(group_id, np.int32),
+      "truncated": np.zeros((b,), bool),
+  }
+  for i, (buf, rew) in enumerate(zip(buffers, rewards)):
+    n = min(len(buf), max_len)
+    out["tokens"][i, :n] = buf.tokens[:n]
+    out["loss_mask"][i, :n] = buf.loss_mask[:n]
+    out["old_logprobs"][i, :n] = buf.logprobs[:n]
+    out["step_id"][i, :n] = np.clip(buf.step_id[:n], 0, max_steps - 1)
+    out["phase_id"][i, :n] = np.clip(buf.phase_id[:n], 0, max_phases - 1)
+    out["token_kind"][i, :n] = buf.token_kind[:n]
+    out["attention_mask"][i, :n] = 1
+    out["seq_len"][i] = n
+    out["truncated"][i] = buf.truncated or len(buf) > max_len
+    step_r = list(rew.get("step", []))
+    for s, seg in enumerate(buf.step_segment[:max_steps]):
+      if s < len(step_r) and seg >= 0:
+        out["step_reward"][i, s] = step_r[s]
+        out["step_mask"][i, s] = 1.0
+        out["step_phase_type"][i, s] = buf.segment_types[seg]
+    seg_r = segment_rewards(step_r, buf.step_segment, rew.get("phase", []))
+    for p, (ptype, r) in enumerate(zip(buf.segment_types[:max_phases], seg_r)):
+      out["phase_reward"][i, p] = r
+      out["phase_mask"][i, p] = 1.0
+      out["phase_type"][i, p] = ptype
+    out["traj_reward"][i] = float(rew.get("trajectory", 0.0))
+  return out

@@ -1,0 +1,244 @@
+"""Policies behind one interface: our JAX model, the scripted oracle, an API model.
+
+A rollout talks to a policy one turn at a time. For every episode that must
+act, it passes a `TurnRequest` with the context added since that episode last
+acted (token ids, and the same as chat messages for text-level policies); the
+policy answers with a `TurnOutput`: the tokens it wrote, their log-probs, and
+their text.
+
+* `JaxPolicy` samples with `paraagent_jax.sampling.Sampler`, keeping one KV cache
+  for the whole batch across turns: only the new context is prefilled.
+* `OraclePolicy` replays `toolenv.oracle.solve(task, strategy)` rendered through
+  the strategy's text format, so the whole text path (render, tokenise, parse)
+  is exercised. Its log-probs are 0.
+* `APIPolicy` asks an OpenAI-compatible endpoint, either with tool calling
+  (meta-tools plus a generic ``call_tool``) or in plain text with our protocol;
+  its answer is rendered back into our format so the trajectory tokens are ours.
+"""
+
+from __future__ import annotations
+
+import abc
+import concurrent.futures
+import dataclasses
+import json
+from typing import Any, Sequence
+
+import numpy as np
+
+import toolenv
+from paraagent_jax import api_client
+
+
+@dataclasses.dataclass
+class TurnRequest:
+  """Context an episode received since its last turn, then a request to act."""
+  episode: int
+  new_ids: list[int]
+  new_messages: list[dict[str, Any]]
+
+
+@dataclasses.dataclass
+class TurnOutput:
+  """What a policy wrote in one turn."""
+  token_ids: list[int]
+  logprobs: list[float]
+  text: str
+  step: toolenv.Step | None = None   # set by policies that act structurally
+
+
+class Policy(abc.ABC):
+  """One turn at a time, for a batch of episodes."""
+
+  name: str = "policy"
+
+  @abc.abstractmethod
+  def reset(self, num_episodes: int, tasks: Sequence[Any], seed: int = 0) -> None:
+    """Starts a new batch of episodes (one task per episode)."""
+
+  @abc.abstractmethod
+  def act(self, requests: Sequence[TurnRequest]) -> list[TurnOutput]:
+    """Returns one output per request, in order."""
+
+  def stats(self) -> dict[str, float]:
+    """Counters for the rollout report (e.g. tokens prefilled and decoded)."""
+    return {}
+
+
+class JaxPolicy(Policy):
+  """Samples from a Flax model with a batch KV cache kept across turns."""
+
+  name = "jax"
+
+  def __init__(self, model, fmt, *, max_len: int, max_turn_tokens: int = 256,
+               temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+               min_chunk: int = 32, max_chunk: int = 512):
+    from paraagent_jax import sampling  # pylint: disable=g-import-not-at-top
+    self._sampling = sampling
+    self.model = model
+    self.fmt = fmt
+    self.max_len = max_len
+    self.max_turn_tokens = max_turn_tokens
+    self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
+    self.min_chunk, self.max_chunk = min_chunk, max_chunk
+    self._sampler = None
+    self._state = None
+    self._num = 0
+
+  def update_model(self, model) -> None:
+    """Samples from new weights from the next reset on (RL: current parameters)."""
+    self.model = model
+    if self._sampler is not None:
+      self._sampler.update_params(model)
+
+  def reset(self, num_episodes, tasks, seed=0):
+    del tasks
+    if self._sampler is None or self._sampler.batch_size != num_episodes:
+      self._sampler = self._sampling.Sampler(
+          self.model, num_episodes, self.max_len, min_chunk=self.min_chunk,
+          max_chunk=self.max_chunk)
+    self._num = num_episodes
+    self._state = self._sampler.init_state(seed)
+
+  def act(self, requests):
+    rows: list[list[int]] = [[] for _ in range(self._num)]
+    active = np.zeros(self._num, bool)
+    for r in requests:
+      rows[r.episode] = list(r.new_ids)
+      active[r.episode] = True
+    self._state = self._sampler.append(self._state, rows)
+    out = self._sampler.generate(
+        self._state, self.max_turn_tokens, temperature=self.temperature,
+        top_k=self.top_k, top_p=self.top_p,
+        stop_sequences=self.fmt.stop_sequences, active=active,
+        pad_token_id=self.fmt.pad_id)
+    self._state = out.state
+    results = []
+    for r in requests:
+      n = int(out.lengths[r.episode])
+      ids = [int(t) for t in out.tokens[r.episode, :n]]
+      results.append(TurnOutput(ids, [float(x) for x in out.logprobs[r.episode, :n]],
+                                self.fmt.decode(ids)))
+    return results
+
+  def remaining(self, episode: int) -> int:
+    """Free cache slots of an episode (the rollout truncates before overflow)."""
+    return self.max_len - int(self._state.lengths[episode])
+
+  def stats(self):
+    return self._state.stats.as_dict() if self._state is not None else {}
+
+
+class OraclePolicy(Policy):
+  """Replays the scripted oracle's steps through the text protocol."""
+
+  name = "oracle"
+
+  def __init__(self, fmt, strategy: str = "paraact"):
+    self.fmt = fmt
+    self.strategy = strategy
+    self._plans: list[list[toolenv.Step]] = []
+    self._turn: list[int] = []
+
+  def reset(self, num_episodes, tasks, seed=0):
+    del seed
+    self._plans = [toolenv.oracle.solve(t, strategy=self.strategy) for t in tasks]
+    self._turn = [0] * num_episodes
+
+  def act(self, requests):
+    results = []
+    for r in requests:
+      plan = self._plans[r.episode]
+      i = self._turn[r.episode]
+      self._turn[r.episode] += 1
+      step = plan[i] if i < len(plan) else toolenv.Step(phase="answer", answer="")
+      text = self.fmt.render(step)
+      ids = self.fmt.encode(text)
+      results.append(TurnOutput(ids, [0.0] * len(ids), text, step))
+    return results
+
+
+# The tools an API model is given in tool-calling mode: the two meta-tools and
+# one generic entry point for catalog tools (the catalog is too large to list).
+API_TOOLS = [
+    {"type": "function", "function": {
+        "name": "search_tools",
+        "description": "Search the tool catalog; returns the best matching tools.",
+        "parameters": {"type": "object", "properties": {
+            "query": {"type": "string"}, "top_k": {"type": "integer"}},
+                       "required": ["query"]}}},
+    {"type": "function", "function": {
+        "name": "get_tool_doc",
+        "description": "Full interface of one tool: parameters and response.",
+        "parameters": {"type": "object", "properties": {"name": {"type": "string"}},
+                       "required": ["name"]}}},
+    {"type": "function", "function": {
+        "name": "call_tool",
+        "description": "Call a catalog tool found with search_tools.",
+        "parameters": {"type": "object", "properties": {
+            "name": {"type": "string"}, "arguments": {"type": "object"}},
+                       "required": ["name", "arguments"]}}},
+]
+
+
+def _message_to_step(message: dict[str, Any], fmt) -> toolenv.Step:
+  """Turns an API assistant message into a Step (never raises on odd content)."""
+  calls = []
+  for tc in message.get("tool_calls") or []:
+    fn = (tc or {}).get("function") or {}
+    name = fn.get("name")
+    try:
+      args = json.loads(fn.get("arguments") or "{}")
+    except (json.JSONDecodeError, TypeError):
+      args = fn.get("arguments")
+    if name == "call_tool" and isinstance(args, dict):
+      name, args = args.get("name"), args.get("arguments", {})
+    calls.append(toolenv.Call(name, args))
+  content = message.get("content") or ""
+  if not calls:
+    parsed = fmt.parse(content)
+    if parsed.parse_error is None:
+      return parsed
+    return toolenv.Step(phase="answer", answer=content)
+  meta = all(c.name in toolenv.schema.META_TOOLS for c in calls)
+  return toolenv.Step(phase="explore" if meta else "execute", calls=calls,
+                      thought=content.strip()[:200])
+
+
+class APIPolicy(Policy):
+  """An OpenAI-compatible chat model (the paper's API-served baselines)."""
+
+  name = "api"
+
+  def __init__(self, fmt, client: api_client.ChatClient, *, tool_calling: bool = True,
+               temperature: float = 0.0, max_tokens: int = 512, concurrency: int = 8):
+    self.fmt = fmt
+    self.client = client
+    self.tool_calling = tool_calling
+    self.temperature = temperature
+    self.max_tokens = max_tokens
+    self.concurrency = concurrency
+    self._messages: list[list[dict[str, Any]]] = []
+
+  def reset(self, num_episodes, tasks, seed=0):
+    del tasks, seed
+    self._messages = [[] for _ in range(num_episodes)]
+
+  def _one(self, r: TurnRequest) -> TurnOutput:
+    msgs = self._messages[r.episode]
+    msgs.extend(r.new_messages)
+    message = self.client.complete(msgs, tools=API_TOOLS if self.tool_calling else None,
+                                   temperature=self.temperature, max_tokens=self.max_tokens)
+    step = _message_to_step(message, self.fmt)
+    text = self.fmt.render(step)
+    # The conversation continues in our own rendering, so observations line up.
+    msgs.append({"role": "assistant", "content": text})
+    ids = self.fmt.encode(text)
+    return TurnOutput(ids, [0.0] * len(ids), text, step)
+
+  def act(self, requests):
+    with concurrent.futures.ThreadPoolExecutor(max_workers=self.concurrency) as pool:
+      return list(pool.map(self._one, requests))
+
+  def stats(self):
+    return {"api_requests": self.client.requests_made, "api_retries": self.client.retries_made}

@@ -1,0 +1,215 @@
+"""Batched multi-turn ParaAct rollouts against `toolenv.VectorToolEnv`.
+
+One call runs B episodes to the end: every unfinished episode gets a turn
+from the policy, its text is parsed into a `toolenv.Step` (malformed text is a
+parse error that the environment answers with an error observation and a
+penalty: never an exception), all episodes are stepped together, the
+observation tokens are appended, and the loop goes on until each episode has
+answered, run out of turns, or would overflow its token budget (then it is
+marked truncated, not dropped).
+
+The output is exactly what the RL loss needs (`TrajectoryBatch` fields as
+numpy arrays, see `paraagent_jax.paraact.episode.pack_episodes`) plus
+per-episode records for reports.
+
+The text format (system prompt, turn template, step rendering and parsing,
+token kinds) comes from a `ChatFormat` (`paraagent_jax.paraact.chat_format`).
+
+Status: DRAFT. `ChatFormat` is not written yet and no test exercises this loop;
+see the open work in issue 5.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+import toolenv
+from paraagent_jax.paraact import episode as ep
+from paraagent_jax.paraact import policies as pol
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+  """Budgets of a rollout.
+
+  Attributes:
+    max_turns: assistant turns per episode (S of the batch).
+    max_turn_tokens: tokens the policy may write per turn.
+    max_len: tokens per episode, prompt and observations included (T).
+    max_obs_tokens: an observation longer than this is cut (and says so).
+    max_phases: phase segments per episode (P); defaults to max_turns.
+  """
+  max_turns: int = 10
+  max_turn_tokens: int = 192
+  max_len: int = 2048
+  max_obs_tokens: int = 384
+  max_phases: int | None = None
+
+
+@dataclasses.dataclass
+class RolloutResult:
+  """A finished batch: fixed-shape arrays, episode records and timings."""
+  arrays: dict[str, np.ndarray]
+  episodes: list[dict[str, Any]]
+  buffers: list[ep.EpisodeBuffer]
+  timing: dict[str, float]
+  policy_stats: dict[str, float]
+
+  def trajectory_batch(self):
+    """The arrays as a `paraagent_jax.rl.batch.TrajectoryBatch` (jnp arrays)."""
+    from paraagent_jax.rl import batch as batch_lib  # pylint: disable=g-import-not-at-top
+    import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+    return batch_lib.TrajectoryBatch(**{k: jnp.asarray(v) for k, v in self.arrays.items()})
+
+
+def _episode_record(task, buf: ep.EpisodeBuffer, steps: list[toolenv.Step],
+                    rewards: dict[str, Any], wall: float) -> dict[str, Any]:
+  """Behavioural statistics of one episode (the evaluation report's fields)."""
+  exec_calls = [len(s.calls) for s in steps
+                if s.phase == "execute" and isinstance(s.calls, list) and s.parse_error is None]
+  n_calls = sum(len(s.calls) for s in steps if isinstance(s.calls, list))
+  phases = [p for p in buf.step_phases if p in ("explore", "execute")]
+  switches = sum(1 for a, b in zip(phases, phases[1:]) if a != b)
+  kinds = np.asarray(buf.token_kind)
+  mask = np.asarray(buf.loss_mask) > 0
+  step_of = np.asarray(buf.step_id)
+  explore_tok = execute_tok = 0
+  for s, phase in enumerate(buf.step_phases):
+    n = int(np.sum(mask & (step_of == s)))
+    if phase == "explore":
+      explore_tok += n
+    elif phase == "execute":
+      execute_tok += n
+  step_r = list(rewards.get("step", []))
+  phase_r = [p[1] for p in rewards.get("phase", [])]
+  return {
+      "task_id": getattr(task, "task_id", getattr(task, "id", None)),
+      "kind": getattr(task, "kind", None),
+      "split": getattr(task, "split", None),
+      "success": bool(rewards.get("success", False)),
+      "turns": len(steps),
+      "calls": n_calls,
+      "calls_per_step": exec_calls,
+      "calls_per_execute_step": (sum(exec_calls) / len(exec_calls)) if exec_calls else 0.0,
+      "phase_switches": switches,
+      "explore_tokens": explore_tok,
+      "execute_tokens": execute_tok,
+      "parse_errors": sum(1 for s in steps if s.parse_error is not None),
+      "tokens_generated": int(mask.sum()),
+      "episode_tokens": len(buf),
+      "truncated": buf.truncated,
+      "wall_time_s": wall,
+      "step_reward_mean": float(np.mean(step_r)) if step_r else 0.0,
+      "phase_reward_mean": float(np.mean(phase_r)) if phase_r else 0.0,
+      "traj_reward": float(rewards.get("trajectory", 0.0)),
+      "answer": next((s.answer for s in reversed(steps) if s.phase == "answer"), None),
+      "plan_tokens": int(np.sum(mask & (kinds == ep.PLAN))),
+  }
+
+
+def run_rollout(policy: pol.Policy, env, tasks: Sequence[Any], fmt,
+                config: RolloutConfig = RolloutConfig(),
+                group_ids: Sequence[int] | None = None, seed: int = 0,
+                progress=None) -> RolloutResult:
+  """Runs one batch of episodes to the end.
+
+  Args:
+    policy: any `policies.Policy`.
+    env: a `toolenv.VectorToolEnv` with ``num_envs == len(tasks)``.
+    tasks: one `toolenv.Task` per episode (repeat a task G times for GRPO groups).
+    fmt: the `ChatFormat` (tokenizer + strategy text format).
+    config: budgets.
+    group_ids: dense group index per episode (default: one group per episode).
+    seed: sampling seed for the policy.
+    progress: optional callable ``progress(turn, active_count)``.
+
+  Returns:
+    A `RolloutResult`.
+  """
+  b = len(tasks)
+  group_ids = list(range(b)) if group_ids is None else list(group_ids)
+  t_start = time.perf_counter()
+  timing = {"policy_s": 0.0, "parse_s": 0.0, "env_s": 0.0, "tokenize_s": 0.0}
+
+  t0 = time.perf_counter()
+  first_obs = env.reset(list(tasks))
+  timing["env_s"] += time.perf_counter() - t0
+  policy.reset(b, tasks, seed=seed)
+  buffers = [ep.EpisodeBuffer() for _ in range(b)]
+  steps: list[list[toolenv.Step]] = [[] for _ in range(b)]
+  done = [False] * b
+  t0 = time.perf_counter()
+  pending_ids = [fmt.prompt_ids(first_obs[i]) for i in range(b)]
+  pending_msgs = [fmt.prompt_messages(first_obs[i]) for i in range(b)]
+  timing["tokenize_s"] += time.perf_counter() - t0
+  ep_wall = [0.0] * b
+
+  for turn in range(config.max_turns):
+    requests = []
+    for i in range(b):
+      if done[i]:
+        continue
+      if len(buffers[i]) + len(pending_ids[i]) + config.max_turn_tokens > config.max_len:
+        buffers[i].truncated = True
+        done[i] = True
+        continue
+      buffers[i].add_context(pending_ids[i])
+      requests.append(pol.TurnRequest(i, pending_ids[i], pending_msgs[i]))
+    if not requests:
+      break
+    if progress is not None:
+      progress(turn, len(requests))
+    t0 = time.perf_counter()
+    outputs = policy.act(requests)
+    timing["policy_s"] += time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    env_steps: list[toolenv.Step | None] = [None] * b
+    for req, out in zip(requests, outputs):
+      # Always parse the text: the oracle and API policies go through the same
+      # text path as the model, so the protocol is exercised end to end.
+      step = fmt.parse(out.text)
+      kinds = fmt.token_kinds(out.token_ids, out.text)
+      s, seg = buffers[req.episode].begin_step(step.phase)
+      buffers[req.episode].add_policy(out.token_ids, out.logprobs, kinds, s, seg)
+      steps[req.episode].append(step)
+      env_steps[req.episode] = step
+    timing["parse_s"] += time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    results = env.step(env_steps)
+    timing["env_s"] += time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    for req in requests:
+      i = req.episode
+      res = results[i]
+      if res.done:
+        done[i] = True
+        ep_wall[i] = time.perf_counter() - t_start
+        pending_ids[i], pending_msgs[i] = [], []
+        buffers[i].add_context(fmt.close_ids())
+      else:
+        pending_ids[i] = fmt.observation_ids(res.observation, config.max_obs_tokens)
+        pending_msgs[i] = fmt.observation_messages(res.observation)
+    timing["tokenize_s"] += time.perf_counter() - t0
+
+  for i in range(b):
+    if not done[i] or buffers[i].truncated:
+      buffers[i].truncated = True
+      ep_wall[i] = ep_wall[i] or (time.perf_counter() - t_start)
+  if hasattr(env, "finish"):
+    env.finish([i for i in range(b) if buffers[i].truncated])
+  rewards = [env.rewards(i) for i in range(b)]
+  arrays = ep.pack_episodes(
+      buffers, rewards, group_ids, max_len=config.max_len,
+      max_steps=config.max_turns, max_phases=config.max_phases or config.max_turns,
+      pad_id=fmt.pad_id)
+  records = [_episode_record(tasks[i], buffers[i], steps[i], rewards[i], ep_wall[i] / max(1, b))
+             for i in range(b)]
+  timing["total_s"] = time.perf_counter() - t_start
+  return RolloutResult(arrays, records, buffers, timing, policy.stats())
