@@ -90,5 +90,6 @@ def test_search_finds_tool_by_brand_and_capability():
   assert hits[0] == tool.name
   assert idx.search("", 5) == [] and idx.search(None, 5) == [] and idx.search("zzqx", 3) == []
   assert len(idx.search("get details", 50)) == 10      # top_k is capped
-  text = idx.search_text(f"{tool.provider} statistics", 2)
-  assert text.splitlines()[0].startswith(tool.name + ": ")
+  lines = idx.search_text(f"{tool.provider} {tool.meta['entity']} statistics", 2).splitlines()
+  assert len(lines) == 2 and lines[0].startswith(tool.name + ": ")
+  assert lines[0].endswith("period*: day|week|month|year)")

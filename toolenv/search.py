@@ -26,7 +26,7 @@ import numpy as np
 from toolenv.catalog.store import Catalog, _atomic_write
 from toolenv.schema import Tool
 
-INDEX_VERSION = "1"
+INDEX_VERSION = "2"
 MAX_TOP_K = 10
 _SPLIT = re.compile(r"[^0-9a-zA-Z]+")
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
@@ -123,7 +123,9 @@ class SearchIndex:
   def documents(catalog: Catalog) -> list[list[str]]:
     """The token list of each tool, in catalog order."""
     cats, provs, descs = (catalog.column(c) for c in ("category", "provider", "description"))
-    return [tokenize(f"{n} {d} {p} {c}")
+    # Each word once per tool: a brand repeated in name, description and
+    # provider should not outweigh the capability words of the query.
+    return [list(dict.fromkeys(tokenize(f"{n} {d} {p} {c}")))
             for n, d, p, c in zip(catalog.names, descs, provs, cats)]
 
   @classmethod
@@ -132,7 +134,8 @@ class SearchIndex:
     docs = cls.documents(catalog)
     vocab: dict[str, int] = {}
     ids = [[vocab.setdefault(t, len(vocab)) for t in d] for d in docs]
-    retriever = bm25s.BM25()
+    # A weak length penalty (b): longer descriptions list more capabilities.
+    retriever = bm25s.BM25(k1=1.2, b=0.3)
     retriever.index(bm25s.tokenization.Tokenized(ids=ids, vocab=vocab),
                     show_progress=False)
     return cls(catalog, retriever, vocab)

@@ -31,7 +31,7 @@ from toolenv.catalog.store import Catalog
 from toolenv.schema import Tool
 
 DEFAULT_SIZE = 50_011
-CATALOG_VERSION = "1"
+CATALOG_VERSION = "2"
 OPS = ("search", "list", "get", "create", "update", "delete", "stats")
 # Probability that a provider offers each operation on a resource it covers.
 _OP_PROB = {"search": 0.75, "list": 0.75, "get": 1.0, "create": 0.45,
@@ -116,7 +116,7 @@ _DESC = {
                "{B}: permanently delete one {N}."),
     "stats": ("{B}: statistics of a {N} for a period (count and average).",
               "Period statistics (count, average) of a {B} {N} by id.",
-              "{B} {N} stats: count and average over a day, week, month or year."),
+              "{B} {N} statistics: count and average over a day, week, month or year."),
     "convert": ("{B}: convert a {Q} amount between units ({UL}).",
                 "Convert {Q} values on {B}: {UL}.",
                 "{B} {Q} converter ({UL})."),
