@@ -163,6 +163,12 @@ def write_plots(records: Sequence[dict[str, Any]], report: dict[str, Any],
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
+  def _save(fig, path):
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
   out = {}
   runs = report["runs"]
   kinds = [k for k in KIND_ORDER if any(k in r["per_kind"] for r in runs)]
@@ -177,10 +183,7 @@ def write_plots(records: Sequence[dict[str, Any]], report: dict[str, Any],
   ax.set_ylim(0, 105)
   ax.legend(fontsize=7)
   ax.set_title("Success by task kind and strategy")
-  out["plot_success"] = os.path.join(workdir, f"{name}_success_by_kind.png")
-  fig.tight_layout()
-  fig.savefig(out["plot_success"], dpi=100)
-  plt.close(fig)
+  out["plot_success"] = _save(fig, os.path.join(workdir, f"{name}_success_by_kind.png"))
 
   fig, ax = plt.subplots(figsize=(5, 4))
   for run in runs:
@@ -190,10 +193,7 @@ def write_plots(records: Sequence[dict[str, Any]], report: dict[str, Any],
   ax.set_ylabel("success %")
   ax.legend(fontsize=7)
   ax.set_title("Turns vs success")
-  out["plot_turns"] = os.path.join(workdir, f"{name}_turns_vs_success.png")
-  fig.tight_layout()
-  fig.savefig(out["plot_turns"], dpi=100)
-  plt.close(fig)
+  out["plot_turns"] = _save(fig, os.path.join(workdir, f"{name}_turns_vs_success.png"))
 
   fig, ax = plt.subplots(figsize=(5, 4))
   for (policy, strategy), recs in group_records(records, ("policy", "strategy")).items():
@@ -204,10 +204,7 @@ def write_plots(records: Sequence[dict[str, Any]], report: dict[str, Any],
   ax.set_ylabel("steps")
   ax.legend(fontsize=7)
   ax.set_title("Calls per execute step")
-  out["plot_calls"] = os.path.join(workdir, f"{name}_calls_per_step.png")
-  fig.tight_layout()
-  fig.savefig(out["plot_calls"], dpi=100)
-  plt.close(fig)
+  out["plot_calls"] = _save(fig, os.path.join(workdir, f"{name}_calls_per_step.png"))
   return out
 
 
