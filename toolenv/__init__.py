@@ -11,9 +11,16 @@
 No JAX here: the policy is somebody else's business.
 """
 
+from toolenv import oracle, rewards
 from toolenv.catalog import Catalog, load_catalog, register_builder
+from toolenv.env import ToolEnv, VectorToolEnv
+from toolenv.executor import Executor
+from toolenv.rewards import RewardConfig
 from toolenv.schema import Call, Step, StepResult, Tool
 from toolenv.search import SearchIndex
+from toolenv.tasks import KINDS, MULTI_TOOL_KINDS, Task, TaskGenerator
 
 __all__ = ["Catalog", "load_catalog", "register_builder", "Call", "Step",
-           "StepResult", "Tool", "SearchIndex"]
+           "StepResult", "Tool", "SearchIndex", "Executor", "ToolEnv",
+           "VectorToolEnv", "RewardConfig", "Task", "TaskGenerator", "KINDS",
+           "MULTI_TOOL_KINDS", "oracle", "rewards"]

@@ -1,0 +1,320 @@
+"""The tool simulator: validates calls and answers them deterministically.
+
+A response is a pure function of (catalog seed, tool, canonical arguments,
+episode state): values are drawn from a hash of those, never from a global
+RNG, so the same call gives the same answer in any episode, order or process.
+
+Procedural tools (``Tool.meta["kind"]`` set) get semantics: search/list return
+records of one entity, get/stats read a record by id, create/update/delete
+write the episode state, which later reads reflect. A record's fields depend
+only on (provider tag, id), so a search hit and a get of the same id agree.
+Other tools (OpenAPI, ToolBench) get a response drawn from their response
+schema. Ids carry their entity's prefix (``sta-3f2a1c``); an id with a wrong
+prefix is "not found", as a real API would say.
+
+Errors are structured observations, never exceptions:
+``{"error": "missing_argument", "message": "...", "tool": "..."}``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from typing import Any
+
+from toolenv.catalog import vocab
+from toolenv.schema import Tool
+
+_INT_TYPES = ("integer",)
+MAX_ARG_CHARS = 2_000      # longer arguments are refused, not simulated
+
+
+def canonical_json(obj: Any) -> str:
+  """Compact, key-sorted JSON (``str`` for what JSON cannot hold)."""
+  return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str,
+                    ensure_ascii=False)
+
+
+def digest(*parts: Any) -> int:
+  """A stable 64-bit integer hash of ``parts``."""
+  h = hashlib.blake2b("\x1f".join(str(p) for p in parts).encode(
+      "utf-8", "replace"), digest_size=8)
+  return int.from_bytes(h.digest(), "little")
+
+
+class _Draw:
+  """A tiny deterministic value source keyed by a string (no global RNG)."""
+
+  def __init__(self, *key: Any):
+    self._key = key
+    self._n = 0
+
+  def u(self) -> float:
+    self._n += 1
+    return digest(*self._key, self._n) / 2.0**64
+
+  def int(self, lo: int, hi: int) -> int:
+    return lo + int(self.u() * (hi - lo + 1))
+
+  def choice(self, seq):
+    return seq[min(len(seq) - 1, int(self.u() * len(seq)))]
+
+
+def make_id(prefix: str, *key: Any) -> str:
+  """An entity id such as ``sta-3f2a1c`` derived from ``key``."""
+  return f"{prefix}-{digest(prefix, *key) % 16**6:06x}"
+
+
+def _gen_scalar(sch: dict[str, Any], d: _Draw, field: str) -> Any:
+  """One value for a JSON Schema leaf (uses the procedural ``x-gen`` hints)."""
+  if "enum" in sch and sch["enum"]:
+    return d.choice(list(sch["enum"]))
+  gen = sch.get("x-gen")
+  t = sch.get("type", "string")
+  if gen == "city":
+    return d.choice(vocab.CITIES)
+  if gen == "country":
+    return d.choice(vocab.COUNTRIES)
+  if gen == "person":
+    return f"{d.choice(vocab.FIRST)} {d.choice(vocab.LAST)}"
+  if gen in ("word", "title"):
+    w = d.choice(vocab.WORDS)
+    return w.capitalize() + (f" {d.choice(vocab.WORDS)}" if gen == "title" else "")
+  if gen == "code":
+    return f"{d.choice(vocab.WORDS)[:3].upper()}{d.int(10, 99)}"
+  if sch.get("format") == "date" or gen == "date":
+    return f"2026-{d.int(1, 12):02d}-{d.int(1, 28):02d}"
+  lo = sch.get("minimum", 0)
+  hi = sch.get("maximum", 1000)
+  if not isinstance(lo, (int, float)) or not isinstance(hi, (int, float)) or hi < lo:
+    lo, hi = 0, 1000
+  if t in _INT_TYPES:
+    return d.int(int(math.ceil(lo)), int(math.floor(hi)))
+  if t == "number":
+    return round(lo + d.u() * (hi - lo), 2)
+  if t == "boolean":
+    return d.u() < 0.5
+  if field.endswith("id"):
+    return make_id(field[:3] or "id", *d._key)  # pylint: disable=protected-access
+  return d.choice(vocab.WORDS)
+
+
+def gen_from_schema(sch: Any, d: _Draw, field: str = "", depth: int = 0) -> Any:
+  """A value that conforms to ``sch`` (objects and arrays recursively)."""
+  if not isinstance(sch, dict) or depth > 6:
+    return None
+  t = sch.get("type")
+  if t == "object" or "properties" in sch:
+    return {k: gen_from_schema(v, d, k, depth + 1)
+            for k, v in sorted(sch.get("properties", {}).items())}
+  if t == "array":
+    n = min(int(sch.get("maxItems", 3) or 3), 3)
+    return [gen_from_schema(sch.get("items", {}), d, field, depth + 1)
+            for _ in range(n)]
+  return _gen_scalar(sch, d, field)
+
+
+def _type_ok(value: Any, sch: dict[str, Any]) -> bool:
+  t = sch.get("type")
+  if t == "string":
+    return isinstance(value, str)
+  if t == "integer":
+    return isinstance(value, int) and not isinstance(value, bool)
+  if t == "number":
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and (
+        math.isfinite(value))
+  if t == "boolean":
+    return isinstance(value, bool)
+  if t == "array":
+    return isinstance(value, list)
+  if t == "object":
+    return isinstance(value, dict)
+  return True
+
+
+def error(kind: str, message: str, tool: Any = None) -> dict[str, Any]:
+  """A structured error response."""
+  out = {"error": kind, "message": message}
+  if isinstance(tool, str):
+    out["tool"] = tool[:80]
+  return out
+
+
+def validate(tool: Tool, arguments: Any) -> dict[str, Any] | None:
+  """The error of calling ``tool`` with ``arguments``, or None if valid."""
+  if not isinstance(arguments, dict):
+    return error("bad_arguments", "arguments must be a JSON object, got "
+                 f"{type(arguments).__name__}", tool.name)
+  props = tool.properties
+  for k in arguments:
+    if k not in props:
+      return error("unknown_argument", f"{tool.name} has no parameter {str(k)[:40]!r}; "
+                   f"parameters: {', '.join(props) or 'none'}", tool.name)
+  for k in tool.required:
+    if k not in arguments:
+      return error("missing_argument", f"missing required argument {k!r}", tool.name)
+  for k, v in arguments.items():
+    sch = props[k] if isinstance(props[k], dict) else {}
+    if not _type_ok(v, sch):
+      return error("wrong_type", f"argument {k!r} must be {sch.get('type')}, got "
+                   f"{type(v).__name__}", tool.name)
+    if "enum" in sch and v not in sch["enum"]:
+      return error("bad_enum", f"argument {k!r} must be one of {sch['enum']}", tool.name)
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+      lo, hi = sch.get("minimum"), sch.get("maximum")
+      if (isinstance(lo, (int, float)) and v < lo) or (
+          isinstance(hi, (int, float)) and v > hi):
+        return error("out_of_range", f"argument {k!r}={v} is outside "
+                     f"[{lo}, {hi}]", tool.name)
+    if len(canonical_json(v)) > MAX_ARG_CHARS:
+      return error("too_long", f"argument {k!r} is longer than {MAX_ARG_CHARS} "
+                   "characters", tool.name)
+  return None
+
+
+def with_defaults(tool: Tool, arguments: dict[str, Any]) -> dict[str, Any]:
+  """``arguments`` plus the declared defaults of the omitted parameters."""
+  out = dict(arguments)
+  for k, sch in tool.properties.items():
+    if k not in out and isinstance(sch, dict) and "default" in sch:
+      out[k] = sch["default"]
+  return out
+
+
+def canonical_call(tool: Tool, arguments: dict[str, Any]) -> str:
+  """The key under which two calls count as the same (defaults filled)."""
+  return tool.name + canonical_json(with_defaults(tool, arguments))
+
+
+class Executor:
+  """Simulates the tools of one catalog; ``state`` is per episode.
+
+  Episode state: ``{"records": {tag: {id: {field: value} | None}}}`` where
+  None marks a deleted record. ``copy_state`` and `state_key` let the task
+  generator compute gold states and the env compare them.
+  """
+
+  def __init__(self, catalog, seed: int = 0):
+    self.catalog = catalog
+    self.seed = seed
+
+  @staticmethod
+  def new_state() -> dict[str, Any]:
+    return {"records": {}}
+
+  def record(self, tool: Tool, rid: str, state: dict[str, Any]) -> dict[str, Any] | None:
+    """The record ``rid`` of ``tool``'s entity, with the episode's writes."""
+    meta = tool.meta
+    tag = f"{tool.provider}/{meta['id_field']}"
+    written = state["records"].get(tag, {})
+    if rid in written and written[rid] is None:
+      return None
+    if not rid.startswith(meta["id_prefix"] + "-") and rid not in written:
+      return None
+    schema = self._record_schema(tool)
+    d = _Draw(self.seed, tag, rid)
+    rec = {k: (rid if k == meta["id_field"] else _gen_scalar(v, d, k))
+           for k, v in schema.items()}
+    rec.update(written.get(rid) or {})
+    return rec
+
+  def _record_schema(self, tool: Tool) -> dict[str, Any]:
+    """Field schemas of the entity, from the provider's get tool if it exists."""
+    cache = self.__dict__.setdefault("_rec_cache", {})
+    key = (tool.provider, tool.meta["entity"])
+    if key not in cache:
+      brand = tool.name.split("_", 1)[0]
+      get = self.catalog.get(f"{brand}_get_{tool.meta['entity']}")
+      cache[key] = dict((get or tool).response.get("properties", {}))
+    return cache[key]
+
+  def call(self, tool: Tool, arguments: dict[str, Any],
+           state: dict[str, Any]) -> dict[str, Any]:
+    """Runs one validated call; write tools change ``state`` in place."""
+    args = with_defaults(tool, arguments)
+    kind = tool.meta.get("kind")
+    # Real catalogs' tools are simulated from their schemas (value flow by
+    # field names); only procedural tools carry the entity semantics below.
+    if tool.source != "procedural" or kind is None:
+      return gen_from_schema(tool.response, _Draw(self.seed, canonical_call(tool, args)))
+    if kind == "convert":
+      d = _Draw(self.seed, tool.name, args["from_unit"], args["to_unit"])
+      rate = 1.0 if args["from_unit"] == args["to_unit"] else round(0.2 + 4 * d.u(), 4)
+      return {"result": round(args["amount"] * rate, int(args.get("precision", 2))),
+              "to_unit": args["to_unit"], "rate": rate}
+    meta = tool.meta
+    idf, prefix = meta["id_field"], meta["id_prefix"]
+    tag = f"{tool.provider}/{idf}"
+    if kind in ("search", "list"):
+      key = "results" if kind == "search" else "items"
+      n = int(args.get("limit", 3))
+      fval = args.get(meta["filter_field"]) if kind == "list" else None
+      ids = [make_id(prefix, self.seed, tool.name, canonical_json(
+          {k: v for k, v in args.items() if k != "limit"}), i) for i in range(n)]
+      items = []
+      for rid in ids:
+        rec = self.record(tool, rid, state) or {}
+        item = {idf: rid, "name": rec.get("name"),
+                meta["filter_field"]: fval or rec.get(meta["filter_field"])}
+        items.append(item)
+      count = digest(self.seed, tool.name, "count", canonical_json(args)) % 400 + n
+      return {key: items, "count": count}
+    if kind == "create":
+      rid = make_id(prefix, self.seed, "new", canonical_json(args))
+      fields = {"name": args["name"], meta["update_field"]: args[meta["update_field"]]}
+      state["records"].setdefault(tag, {})[rid] = fields
+      return {idf: rid, "status": "created"}
+    rid = args[idf]
+    rec = self.record(tool, rid, state)
+    if rec is None:
+      return error("not_found", f"no {meta['entity'].replace('_', ' ')} with id "
+                   f"{rid[:40]!r}", tool.name)
+    if kind == "get":
+      return rec
+    if kind == "stats":
+      d = _Draw(self.seed, tag, rid, args["period"])
+      return {idf: rid, "period": args["period"], "count": d.int(0, 900),
+              "average": round(100 * d.u(), 2)}
+    recs = state["records"].setdefault(tag, {})
+    if kind == "update":
+      upd = meta["update_field"]
+      recs[rid] = {**(recs.get(rid) or {}), upd: args[upd]}
+      return {idf: rid, upd: args[upd], "status": "updated"}
+    if kind == "delete":
+      recs[rid] = None
+      return {idf: rid, "status": "deleted"}
+    return gen_from_schema(tool.response, _Draw(self.seed, canonical_call(tool, args)))
+
+  def run(self, name: Any, arguments: Any, state: dict[str, Any]) -> dict[str, Any]:
+    """Validates then runs a call by name; unknown tools are an error response."""
+    tool = self.catalog.get(name) if isinstance(name, str) else None
+    if tool is None:
+      shown = name[:60] if isinstance(name, str) else type(name).__name__
+      return error("unknown_tool", f"no tool named {shown!r}; use search_tools to "
+                   "find tools", name)
+    err = validate(tool, arguments)
+    if err is not None:
+      return err
+    return self.call(tool, arguments, state)
+
+
+def state_key(state: dict[str, Any]) -> str:
+  """A canonical string of an episode state (for gold-state comparison)."""
+  return canonical_json(state["records"])
+
+
+def lookup(obj: Any, path: str) -> Any:
+  """Reads ``results[0].station_id`` style paths from a response."""
+  cur = obj
+  for part in path.replace("]", "").split("."):
+    name, _, idx = part.partition("[")
+    if name:
+      if not isinstance(cur, dict) or name not in cur:
+        return None
+      cur = cur[name]
+    if idx:
+      if not isinstance(cur, list) or int(idx) >= len(cur):
+        return None
+      cur = cur[int(idx)]
+  return cur
