@@ -1,0 +1,221 @@
+"""ToolEnv executor, tasks, rewards and env: hand-worked examples.
+
+A small procedural catalog (3,000 tools, built in memory) keeps these fast;
+the 50,011-tool checks live in test_toolenv_determinism.py.
+"""
+
+import pytest
+
+import toolenv
+from toolenv import executor as ex
+from toolenv import rewards as rw
+from toolenv.catalog import procedural
+from toolenv.schema import Call, Step
+
+
+@pytest.fixture(scope="module")
+def cat():
+  return procedural.build_catalog(seed=0, size=3000)
+
+
+@pytest.fixture(scope="module")
+def gen(cat):
+  return toolenv.TaskGenerator(cat, seed=0)
+
+
+def _find(cat, kind, provider=None):
+  for t in cat:
+    if t.meta.get("kind") == kind and (provider is None or t.provider == provider):
+      return t
+  raise LookupError(kind)
+
+
+def test_validation_errors_are_structured(cat):
+  get = _find(cat, "get")
+  idf = get.meta["id_field"]
+  e = ex.Executor(cat, seed=0)
+  s = e.new_state()
+  assert e.run("no_such_tool", {}, s)["error"] == "unknown_tool"
+  assert e.run(get.name, [1, 2], s)["error"] == "bad_arguments"
+  assert e.run(get.name, {}, s)["error"] == "missing_argument"
+  assert e.run(get.name, {idf: 5}, s)["error"] == "wrong_type"
+  assert e.run(get.name, {idf: "x", "extra": 1}, s)["error"] == "unknown_argument"
+  stats = _find(cat, "stats")
+  sid = stats.meta["id_field"]
+  assert e.run(stats.name, {sid: "a", "period": "decade"}, s)["error"] == "bad_enum"
+  conv = _find(cat, "convert")
+  u = conv.meta["units"]
+  assert e.run(conv.name, {"amount": 1, "from_unit": u[0], "to_unit": u[1],
+                           "precision": 99}, s)["error"] == "out_of_range"
+  # A wrong id prefix is "not found", as a real API would answer.
+  assert e.run(get.name, {idf: "zzz-000000"}, s)["error"] == "not_found"
+
+
+def test_responses_are_deterministic_and_consistent(cat):
+  search = _find(cat, "search")
+  get = cat[f"{search.name.split('_')[0]}_get_{search.meta['entity']}"]
+  idf = get.meta["id_field"]
+  a, b = ex.Executor(cat, seed=0), ex.Executor(cat, seed=0)
+  r1 = a.run(search.name, {"query": "amber"}, a.new_state())
+  r2 = b.run(search.name, {"query": "amber", "limit": 3}, b.new_state())
+  assert r1 == r2 and len(r1["results"]) == 3  # default limit filled in
+  hit = r1["results"][0]
+  rec = a.run(get.name, {idf: hit[idf]}, a.new_state())
+  # A search hit and a get of the same id agree on the fields they share.
+  assert rec["name"] == hit["name"]
+  other = ex.Executor(cat, seed=1).run(search.name, {"query": "amber"},
+                                       a.new_state())
+  assert other != r1
+
+
+def test_writes_change_state_that_reads_reflect(cat):
+  upd = _find(cat, "update")
+  brand, ent = upd.name.split("_")[0], upd.meta["entity"]
+  get, dele = cat[f"{brand}_get_{ent}"], cat.get(f"{brand}_delete_{ent}")
+  idf, field = upd.meta["id_field"], upd.meta["update_field"]
+  e = ex.Executor(cat, seed=0)
+  s = e.new_state()
+  rid = ex.make_id(upd.meta["id_prefix"], "t")
+  before = e.run(get.name, {idf: rid}, s)
+  new = before[field] + 1 if isinstance(before[field], (int, float)) else "Zzz"
+  assert e.run(upd.name, {idf: rid, field: new}, s)["status"] == "updated"
+  assert e.run(get.name, {idf: rid}, s)[field] == new
+  assert e.run(get.name, {idf: rid}, e.new_state())[field] == before[field]
+  if dele is not None:
+    e.run(dele.name, {idf: rid}, s)
+    assert e.run(get.name, {idf: rid}, s)["error"] == "not_found"
+
+
+def test_task_kinds_shapes_and_split(gen, cat):
+  for kind in toolenv.KINDS:
+    for t in gen.generate(10, split="train", kinds=(kind,)):
+      assert t.kind == kind and t.answers
+      assert all(a["value"] for a in t.answers)
+      for n in t.nodes:
+        assert n["tool"] not in t.instruction  # needs are described, not named
+      levels = [n["level"] for n in t.nodes]
+      if kind == "single":
+        assert len(t.nodes) == 1
+      if kind == "parallel":
+        assert 2 <= len(t.nodes) <= 4 and set(levels) == {0}
+      if kind == "chain":
+        assert levels == list(range(len(levels))) and len(levels) >= 2
+      if kind == "fanout":
+        assert levels[0] == 0 and set(levels[1:]) == {1} and len(levels) >= 3
+  train = {cat[n["tool"]].provider for t in gen.generate(100, "train") for n in t.nodes}
+  test = {cat[n["tool"]].provider for t in gen.generate(100, "test") for n in t.nodes}
+  assert train and test and not train & test
+  with pytest.raises(ValueError):
+    gen.generate(1, split="dev")
+  with pytest.raises(ValueError):
+    gen.generate(1, kinds=("nope",))
+
+
+def test_hand_worked_episode_rewards(gen, cat):
+  """A chain episode whose every reward is computed by hand below."""
+  task = gen.generate(1, split="train", kinds=("chain",))[0]
+  while len(task.nodes) != 2:  # the two-call form (search -> get)
+    task = gen.task(len(task.id), "train", "chain")
+  n0, n1 = task.nodes
+  env = toolenv.ToolEnv(cat)
+  env.reset(task)
+  doc = lambda name: Call("get_tool_doc", {"name": name})
+  steps = [
+      Step("explore", [doc(n0["tool"]), doc(n1["tool"])]),     # 0.1 + 2*0.3 + 2*0.05
+      Step("execute", [Call(n0["tool"], n0["arguments"]), Call("nope", {})]),
+      # ^ 0.1 + 0.3 (n0 done) + 0.05 - 0.2
+      Step("execute", [Call(n1["tool"], {list(n1["arguments"])[0]: "xxx-1"})]),
+      # ^ not found: 0.1 - 0.2
+      Step("execute", [doc(n1["tool"])]),                        # violation: 0.1 - 0.3
+      Step("execute", [Call(n1["tool"], n1["arguments"])]),     # 0.1 + 0.3 + 0.05
+      Step("execute", [Call(n1["tool"], n1["arguments"])]),     # dup: 0.1 + 0.05 - 0.1
+      Step("answer", answer="It is " + task.answers[0]["value"] + "."),  # 0.1
+  ]
+  results = [env.step(s) for s in steps]
+  assert [r.done for r in results] == [False] * 6 + [True]
+  assert "phase_violation" in results[3].observation
+  r = env.rewards()
+  assert r["step"] == pytest.approx([0.8, 0.25, -0.1, -0.2, 0.45, 0.05, 0.1])
+  # explore: both needed tools found in one step -> 1.0; execute: the one
+  # ready node done, 2 levels over 5 steps -> 0.4.
+  assert r["phase"] == [("explore", pytest.approx(1.0)), ("execute", pytest.approx(0.4))]
+  assert task.max_turns == 10
+  assert r["success"] and r["trajectory"] == pytest.approx(1 + 0.1 * (1 - 7 / 10))
+
+
+def test_parallel_execution_is_worth_more_than_serial(gen, cat):
+  task = gen.generate(1, split="train", kinds=("parallel",))[0]
+  calls = [Call(n["tool"], n["arguments"]) for n in task.nodes]
+  k = len(calls)
+  env = toolenv.ToolEnv(cat)
+  env.reset(task)
+  for c in calls:
+    env.step(Step("execute", [c]))
+  env.step(Step("answer", answer="nothing useful"))
+  r = env.rewards()
+  assert r["phase"] == [("execute", pytest.approx(1 / k))]
+  assert not r["success"] and r["trajectory"] == 0.0
+  env.reset(task)
+  env.step(Step("execute", calls))
+  env.step(Step("answer", answer=" ".join(a["value"] for a in task.answers)))
+  r = env.rewards()
+  assert r["phase"] == [("execute", pytest.approx(1.0))] and r["success"]
+
+
+def test_write_task_needs_the_gold_state(gen, cat):
+  tasks = [t for t in gen.generate(300, split="train", kinds=("single",)) if t.writes]
+  assert tasks, "no write tasks drawn"
+  task = tasks[0]
+  env = toolenv.ToolEnv(cat)
+  gold_answer = toolenv.oracle.answer_text(task)
+  env.reset(task)
+  env.step(Step("answer", answer=gold_answer))   # right words, no write done
+  assert not env.rewards()["success"]
+  env.reset(task)
+  for s in toolenv.oracle.solve(task, "paraact"):
+    env.step(s)
+  assert env.rewards()["success"]
+
+
+def test_malformed_steps_and_after_done(gen, cat):
+  task = gen.generate(1, split="test")[0]
+  env = toolenv.ToolEnv(cat)
+  env.reset(task)
+  for bad in (None, "text", Step("dance"), Step("execute", []),
+              Step("explore", parse_error="unterminated JSON"), Step("answer", answer=3)):
+    res = env.step(bad)
+    assert res.observation.startswith("error") and res.info["step_reward"] == -0.5
+  env.step(Step("answer", answer="x"))
+  res = env.step(Step("execute", [Call("a", {})]))
+  assert res.done and "over" in res.observation and res.info["step_reward"] < 0
+
+
+def test_turn_budget_truncates(gen, cat):
+  task = gen.generate(1, split="train")[0]
+  env = toolenv.ToolEnv(cat)
+  env.reset(task)
+  for _ in range(task.max_turns):
+    res = env.step(Step("explore", [Call("search_tools", {"query": "weather"})]))
+  assert res.done and env.rewards()["truncated"] and not env.rewards()["success"]
+
+
+def test_vector_env_none_steps_and_finish(gen, cat):
+  tasks = gen.generate(3, split="train", kinds=("single",))
+  venv = toolenv.VectorToolEnv(cat, num_envs=3)
+  obs = venv.reset(tasks)
+  assert all(t.instruction in o for t, o in zip(tasks, obs))
+  plans = [toolenv.oracle.solve(t) for t in tasks]
+  out = venv.step([plans[0][0], None, plans[2][0]])
+  assert out[1] is None and out[0] is not None
+  venv.finish([1])
+  assert venv.done[1] and venv.rewards(1)["truncated"]
+  with pytest.raises(ValueError):
+    venv.step([None])
+
+
+def test_segments_rules():
+  assert rw.segments(["explore", "explore", "execute", None, "execute", "answer"]) == [
+      ("explore", 0, 1), ("execute", 2, 4)]
+  assert rw.segments(["execute", "answer", "execute"]) == [("execute", 0, 0), ("execute", 2, 2)]
+  assert rw.value_in_answer("12.5", "the value is 12.5.")
+  assert not rw.value_in_answer("12.5", "the value is 112.55")
