@@ -237,9 +237,9 @@ def test_metrics_jsonl_is_truncated_on_resume(tmp_path):
   assert os.listdir(tmp_path / "tb")
 
 
-def test_rl_stage_stub_and_unknown_stage(tmp_path):
+def test_rl_stage_without_tokenizer_and_unknown_stage(tmp_path):
   c = tiny_config(stage="rl")
-  with pytest.raises(NotImplementedError, match="stage=rl"):
+  with pytest.raises(config_utils.ConfigError, match="tokenizer"):
     train.run(c, str(tmp_path))
   c = tiny_config(stage="dpo")
   with pytest.raises(config_utils.ConfigError, match="expected one of sft"):
