@@ -1,0 +1,244 @@
+"""SFT batches from the cold-start demonstrations (``data.source="demonstrations"``).
+
+Reads the TFDS `Demonstrations` dataset (built on demand from
+``<data_dir>/demonstrations_<split>.jsonl``), tokenises each conversation with
+`paraagent_jax.tokenizer.ChatEncoder` exactly as the rollout does (one turn
+per message, an assistant turn as ``generation_prompt_ids() + content +
+end_of_turn_ids()``), and yields fixed-shape batches with the interface of
+`paraagent_jax.data.synthetic`: ``tokens`` [B,T] int32, ``loss_mask`` [B,T]
+float32 and ``attention_mask`` [B,T] int32.
+
+The loss mask is 1 on the assistant contents and on the ``<|im_end|>`` that
+closes them; never on the role header ``<|im_start|>assistant\\n``, the
+newline after ``<|im_end|>`` (the rollout appends both itself) or any
+system/user/tool token.
+
+One demonstration per row, right-padded: the SFT loss and the model take only
+a key-padding mask (no segment ids), so packing several conversations into a
+row would let them attend to each other.
+
+Order: position ``p`` of the endless stream is example ``perm_e[p % N]`` of
+epoch ``e = p // N``, ``perm_e`` a permutation seeded by (seed, e); row ``r``
+of batch ``i`` on host ``h`` of ``H`` is position ``(i * H + h) * B + r``, so
+hosts read disjoint rows and the position is one integer (exact resume).
+
+``data_config`` keys read (``config.data``):
+  data_dir: directory with the JSONL files (required).
+  tokenizer: tokenizer directory; "" means ``<data_dir>/tokenizer``, which
+    is trained (`demo_tokenizer.train_demo_tokenizer`) when it does not exist.
+  tokenizer_vocab_size: vocabulary of that trained tokenizer (default 4096).
+  catalog: the TFDS builder config (default "procedural").
+  tfds_dir: TFDS data directory; "" means ``<data_dir>/tfds``.
+  overlong: "drop" (default) or "truncate" for conversations over seq_len.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Iterator, Mapping
+
+import numpy as np
+
+from paraagent_jax import tokenizer as tokenizer_lib
+from paraagent_jax.data import demo_tokenizer
+from paraagent_jax.data import tfds_builders
+
+# train.py evaluates on "validation"; the held-out demonstrations are "test".
+_SPLIT_ALIASES = {"train": "train", "validation": "test", "test": "test"}
+OVERLONG_MODES = ("drop", "truncate")
+
+
+def encode_demonstration(encoder: tokenizer_lib.ChatEncoder,
+                         messages) -> tuple[np.ndarray, np.ndarray]:
+  """Token ids and loss mask (1 on assistant content + ``<|im_end|>``).
+
+  Args:
+    encoder: a `ChatEncoder`.
+    messages: dicts with ``role`` and ``content``.
+
+  Returns:
+    (ids int32 [n], mask float32 [n]).
+  """
+  header = encoder.generation_prompt_ids()
+  eot = encoder.end_of_turn_ids()
+  end = encoder.encode(tokenizer_lib.IM_END)
+  # Learn the end-of-turn token itself; the newline after it is template.
+  n_learn = len(end) if eot[:len(end)] == end else len(eot)
+  ids, mask = [], []
+  for m in messages:
+    if m["role"] == "assistant":
+      body = encoder.encode(m["content"])
+      ids += header + body + eot
+      mask += ([0] * len(header) + [1] * (len(body) + n_learn)
+               + [0] * (len(eot) - n_learn))
+    else:
+      turn = encoder.turn_ids(m["role"], m["content"])
+      ids += turn
+      mask += [0] * len(turn)
+  return np.asarray(ids, np.int32), np.asarray(mask, np.float32)
+
+
+def _get(cfg, key: str, default):
+  if cfg is None:
+    return default
+  value = cfg.get(key, default) if hasattr(cfg, "get") else getattr(
+      cfg, key, default)
+  return default if value is None else value
+
+
+def resolve_tokenizer(data_config, data_dir: str):
+  """Loads ``data.tokenizer`` (or ``<data_dir>/tokenizer``, trained if absent)."""
+  path = _get(data_config, "tokenizer", "")
+  if path:
+    return tokenizer_lib.load_tokenizer(path)
+  path = os.path.join(data_dir, "tokenizer")
+  if os.path.exists(os.path.join(path, "tokenizer.json")):
+    return tokenizer_lib.load_tokenizer(path)
+  return demo_tokenizer.train_demo_tokenizer(
+      data_dir, path, vocab_size=int(_get(data_config, "tokenizer_vocab_size",
+                                          4096)))
+
+
+class DemonstrationSFTData:
+  """Endless, deterministic, host-sharded SFT batches of demonstrations.
+
+  Attributes:
+    batch_size: rows per batch on this host.
+    seq_len: T.
+    vocab_size: the tokenizer's size (``len(tokenizer)``).
+    num_examples: demonstrations that fit (after dropping/truncating).
+    num_dropped: over-long demonstrations dropped.
+    num_truncated: over-long demonstrations truncated.
+    ids: record ids, aligned with the examples.
+  """
+
+  def __init__(self, records, tokenizer, *, batch_size: int, seq_len: int,
+               seed: int = 0, split: str = "train", overlong: str = "drop",
+               process_index: int = 0, process_count: int = 1):
+    if overlong not in OVERLONG_MODES:
+      raise ValueError(f"overlong={overlong!r}; expected one of "
+                       f"{OVERLONG_MODES}")
+    if not 0 <= process_index < process_count:
+      raise ValueError(f"process_index={process_index} not in "
+                       f"[0, {process_count})")
+    self.batch_size, self.seq_len = int(batch_size), int(seq_len)
+    self.vocab_size = len(tokenizer)
+    self._seed, self._split = int(seed), split
+    self._process_index, self._process_count = process_index, process_count
+    pad = tokenizer.pad_token_id
+    self._pad = 0 if pad is None else int(pad)
+    encoder = tokenizer_lib.ChatEncoder(tokenizer)
+    self.num_dropped = self.num_truncated = 0
+    self.ids, self._examples = [], []
+    # Sorted by id: TFDS stores records shuffled by key.
+    for rec in sorted(records, key=lambda r: r["id"]):
+      ids, mask = encode_demonstration(encoder, rec["messages"])
+      if len(ids) > self.seq_len:
+        if overlong == "drop" or not mask[:self.seq_len].any():
+          self.num_dropped += 1
+          continue
+        ids, mask = ids[:self.seq_len], mask[:self.seq_len]
+        self.num_truncated += 1
+      self.ids.append(rec["id"])
+      self._examples.append((ids, mask))
+    self.num_examples = len(self._examples)
+    if not self._examples:
+      raise ValueError(f"split {split!r}: no demonstration fits seq_len="
+                       f"{seq_len} ({self.num_dropped} dropped)")
+    self._perms: dict[int, np.ndarray] = {}
+    self._next_batch = 0
+
+  def state(self) -> dict[str, Any]:
+    """The position: index of the next batch (JSON-serialisable)."""
+    return {"next_batch": self._next_batch, "seed": self._seed,
+            "split": self._split, "num_examples": self.num_examples}
+
+  def restore(self, state: Mapping[str, Any]) -> None:
+    """Continues after the batch that was last yielded at ``state()``."""
+    mine = self.state()
+    for key in ("seed", "split", "num_examples"):
+      if key in state and state[key] != mine[key]:
+        raise ValueError(f"data state {dict(state)} was saved for another "
+                         f"{key} than this data ({self.state()})")
+    self._next_batch = int(state["next_batch"])
+
+  def _perm(self, epoch: int) -> np.ndarray:
+    if epoch not in self._perms:
+      if len(self._perms) > 4:
+        self._perms.clear()
+      rng = np.random.default_rng([self._seed, epoch])
+      self._perms[epoch] = rng.permutation(self.num_examples)
+    return self._perms[epoch]
+
+  def example_index(self, position: int) -> int:
+    """Index (into `ids`) of the example at a stream position."""
+    epoch, i = divmod(position, self.num_examples)
+    return int(self._perm(epoch)[i])
+
+  def batch(self, index: int) -> dict[str, np.ndarray]:
+    """Batch number ``index`` (this host's rows), without moving."""
+    b, t = self.batch_size, self.seq_len
+    tokens = np.full((b, t), self._pad, np.int32)
+    loss_mask = np.zeros((b, t), np.float32)
+    attention = np.zeros((b, t), np.int32)
+    first = (index * self._process_count + self._process_index) * b
+    for r in range(b):
+      ids, mask = self._examples[self.example_index(first + r)]
+      tokens[r, :len(ids)] = ids
+      loss_mask[r, :len(ids)] = mask
+      attention[r, :len(ids)] = 1
+    return {"tokens": tokens, "loss_mask": loss_mask,
+            "attention_mask": attention}
+
+  def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+    return self
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    out = self.batch(self._next_batch)
+    self._next_batch += 1
+    return out
+
+
+def load_demonstrations(data_config, split: str) -> list[dict[str, Any]]:
+  """Decoded records of a split from TFDS, building the dataset if needed."""
+  data_dir = _get(data_config, "data_dir", "")
+  if not data_dir:
+    raise ValueError("data.data_dir is empty: set it to the directory with "
+                     "demonstrations_<split>.jsonl")
+  if split not in _SPLIT_ALIASES:
+    raise ValueError(f"split={split!r}; choose from {sorted(_SPLIT_ALIASES)}")
+  tfds_dir = _get(data_config, "tfds_dir", "") or os.path.join(data_dir,
+                                                               "tfds")
+  builder = tfds_builders.build_dataset(
+      "demonstrations", data_dir, tfds_dir,
+      config=_get(data_config, "catalog", "procedural"))
+  return tfds_builders.load_records(builder, _SPLIT_ALIASES[split])
+
+
+def make_sft_data(data_config, *, split: str, batch_size: int, seq_len: int,
+                  seed: int, process_index: int = 0,
+                  process_count: int = 1) -> DemonstrationSFTData:
+  """The source hook used by `paraagent_jax.train` (``data.source``).
+
+  Args:
+    data_config: ``config.data`` (keys in the module docstring).
+    split: "train", "validation" (the test demonstrations) or "test".
+    batch_size: rows per host.
+    seq_len: T.
+    seed: shuffling seed.
+    process_index: this host.
+    process_count: number of hosts.
+
+  Returns:
+    A `DemonstrationSFTData`.
+  """
+  records = load_demonstrations(data_config, split)
+  tok = resolve_tokenizer(data_config, _get(data_config, "data_dir", ""))
+  data = DemonstrationSFTData(
+      records, tok, batch_size=batch_size, seq_len=seq_len, seed=seed,
+      split=split, overlong=str(_get(data_config, "overlong", "drop")),
+      process_index=process_index, process_count=process_count)
+  print(f"demonstrations[{split}]: {data.num_examples} examples, "
+        f"{data.num_dropped} dropped and {data.num_truncated} truncated "
+        f"(over {seq_len} tokens), vocab {data.vocab_size}", flush=True)
+  return data
