@@ -124,8 +124,8 @@ def summarize(tasks, episodes) -> dict[str, float]:
   if multi:
     out["success_multi_tool"] = sum(multi) / len(multi)
   out["turns"] = sum(e["turns"] for e in episodes) / max(1, len(episodes))
-  ex_steps = sum(e.get("execute_steps", 0) for e in episodes)
-  out["calls_per_execute_step"] = sum(e.get("execute_calls", 0) for e in episodes) / max(1, ex_steps)
+  per_step = [n for e in episodes for n in e.get("calls_per_step", [])]
+  out["calls_per_execute_step"] = sum(per_step) / max(1, len(per_step))
   return out
 
 

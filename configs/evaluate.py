@@ -1,0 +1,44 @@
+"""Evaluation config for `python -m paraagent_jax.evaluate`.
+
+    python -m paraagent_jax.evaluate --workdir=/tmp/eval                   # oracle
+    python -m paraagent_jax.evaluate --workdir=/tmp/e --checkpoint=/tmp/demo/rl
+    python -m paraagent_jax.evaluate --config=configs/evaluate.py:runlocal --workdir=/tmp/e
+
+``policy`` is oracle | checkpoint (set by --checkpoint) | api (OpenAI-compatible
+endpoint from ``api.*``; the key is read from the environment variable
+``api.api_key_env``). ``num_per_kind`` held-out test tasks of each kind are
+evaluated under every strategy in ``strategies``.
+"""
+
+import ml_collections
+
+from paraagent_jax import config_utils
+from paraagent_jax import rl_stage
+
+
+def get_config(arg=None):
+  """The evaluation config; ``arg`` is ``key=value,...`` (``runlocal``)."""
+  a = config_utils.parse_arg(arg, runlocal=False)
+  c = ml_collections.ConfigDict()
+  c.policy = "oracle"
+  c.policy_name = ""
+  c.benchmarks = "toolenv"
+  c.catalog = "procedural"
+  c.catalog_seed = 0
+  c.task_seed = 0
+  c.kinds = rl_stage.KINDS
+  c.strategies = "paraact,react,plan_execute,interleaved"
+  c.num_per_kind = 40              # 200 tasks per strategy
+  c.batch_size = 32
+  c.tokenizer = ""
+  c.bfcl_source = ""               # BFCL data dir / bfcl-eval wheel (bfcl benchmark)
+  r = rl_stage.rl_defaults()
+  c.rollout = ml_collections.ConfigDict(dict(
+      max_turns=r.max_turns + 8, max_turn_tokens=r.max_turn_tokens, max_len=r.max_len * 2,
+      max_obs_tokens=r.max_obs_tokens))
+  c.api = ml_collections.ConfigDict(dict(base_url="http://127.0.0.1:8000/v1",
+                                         model="gpt-4.1", api_key_env="OPENAI_API_KEY"))
+  if a.runlocal:
+    c.num_per_kind = 2
+    c.batch_size = 8
+  return c

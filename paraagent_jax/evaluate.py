@@ -1,0 +1,185 @@
+r"""Evaluation entry point: policies x strategies x benchmarks -> reports.
+
+    python -m paraagent_jax.evaluate --config=configs/evaluate.py \
+        --workdir=/tmp/eval [--checkpoint=/tmp/demo/rl]
+    python -m paraagent_jax.evaluate --compare /tmp/eval_a /tmp/eval_b
+
+``--checkpoint`` is a training workdir (Orbax; its ``config.json`` gives the
+model) or a Hugging Face directory; without it the config's ``policy`` is
+used (``oracle``: the scripted upper bound through the text protocol;
+``api``: an OpenAI-compatible endpoint). Per-task records are appended as
+they finish (`evaluation.runner`), so a killed evaluation resumes; at the end
+``report.md``, ``report.json`` and PNG plots are written to the workdir.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from absl import app
+from absl import flags
+from absl import logging
+
+_CONFIG = flags.DEFINE_string("config", "configs/evaluate.py", "Evaluation config "
+                              "(configs/evaluate.py[:key=value,...]).")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Where records and reports go.")
+_CHECKPOINT = flags.DEFINE_string("checkpoint", "", "Training workdir or HF dir "
+                                  "to evaluate (sets policy=checkpoint).")
+_COMPARE = flags.DEFINE_list("compare", [], "Workdirs (or report.json files) to "
+                             "put side by side instead of evaluating.")
+
+
+def load_checkpoint_model(path: str, vocab_size: int):
+  """A Qwen3 from an HF directory or an Orbax training workdir."""
+  # pylint: disable=g-import-not-at-top
+  import ml_collections
+  from flax import nnx
+  from paraagent_jax import checkpoint as ckpt_lib
+  from paraagent_jax import config_utils
+  from paraagent_jax import train as train_lib
+  from paraagent_jax.models import qwen3
+  # pylint: enable=g-import-not-at-top
+  if not os.path.exists(path):
+    raise config_utils.ConfigError(f"--checkpoint={path}: no such directory")
+  if train_lib.is_hf_dir(path):
+    from paraagent_jax.models import hf_io  # pylint: disable=g-import-not-at-top
+    return hf_io.load_hf(path)
+  found = ckpt_lib.find_checkpoint(path)
+  if found is None:
+    raise config_utils.ConfigError(f"--checkpoint={path}: neither an HF directory "
+                                   "nor a training workdir with checkpoints")
+  cfg_path = os.path.join(path, "config.json")
+  if not os.path.exists(cfg_path):
+    raise config_utils.ConfigError(f"--checkpoint={path}: no config.json (the run "
+                                   "config) next to the checkpoints")
+  with open(cfg_path) as f:
+    run_cfg = ml_collections.ConfigDict(json.load(f))
+  run_cfg.init_from = ""
+  model_cfg = train_lib.model_config(run_cfg, vocab_size=vocab_size)
+  model = nnx.eval_shape(lambda: qwen3.Qwen3(model_cfg, rngs=nnx.Rngs(0)))
+  graphdef, abstract = nnx.split(model)
+  state = ckpt_lib.restore_model_state(path, abstract)
+  return nnx.merge(graphdef, state)
+
+
+def _tokenizer(config, checkpoint: str):
+  """The policy's tokenizer: config, checkpoint dir, or a small BPE for the oracle."""
+  # pylint: disable=g-import-not-at-top
+  from paraagent_jax import config_utils
+  from paraagent_jax import tokenizer as tok_lib
+  # pylint: enable=g-import-not-at-top
+  cands = [config.tokenizer]
+  if checkpoint:
+    cands += [checkpoint, os.path.join(checkpoint, "tokenizer")]
+    try:
+      with open(os.path.join(checkpoint, "config.json")) as f:
+        data = json.load(f).get("data", {})
+      cands += [data.get("tokenizer", ""), os.path.join(data.get("data_dir", "") or "-",
+                                                         "tokenizer")]
+    except (OSError, ValueError):
+      pass
+  for c in cands:
+    if c and os.path.exists(os.path.join(c, "tokenizer.json")):
+      return tok_lib.load_tokenizer(c)
+  if config.policy in ("oracle", "api"):
+    from paraagent_jax.paraact import protocol  # pylint: disable=g-import-not-at-top
+    return tok_lib.train_bpe_tokenizer([protocol.system_prompt()] * 4, vocab_size=600)
+  raise config_utils.ConfigError("no tokenizer found: set tokenizer=PATH (a directory "
+                                 "with tokenizer.json)")
+
+
+def run(config, workdir: str, checkpoint: str = "") -> dict:
+  """Runs every (strategy, benchmark) of ``config``; writes and returns the report."""
+  # pylint: disable=g-import-not-at-top
+  import toolenv
+  from paraagent_jax import api_client
+  from paraagent_jax import config_utils
+  from paraagent_jax import rl_stage
+  from paraagent_jax.evaluation import report as report_lib
+  from paraagent_jax.evaluation import runner
+  from paraagent_jax.paraact import chat_format, policies
+  # pylint: enable=g-import-not-at-top
+  if checkpoint:
+    config.policy = "checkpoint"
+  if config.policy not in ("oracle", "checkpoint", "api"):
+    raise config_utils.ConfigError(f"policy={config.policy!r}; expected oracle, "
+                                   "checkpoint or api")
+  if config.policy == "checkpoint" and not checkpoint:
+    raise config_utils.ConfigError("policy=checkpoint needs --checkpoint=DIR")
+  os.makedirs(workdir, exist_ok=True)
+  tok = _tokenizer(config, checkpoint)
+  model = load_checkpoint_model(checkpoint, len(tok)) if checkpoint else None
+  name = config.policy_name or (os.path.basename(os.path.normpath(checkpoint))
+                                if checkpoint else config.policy)
+  rcfg = rl_stage.rollout_config(config.rollout)
+
+  def fmt_for(strategy):
+    return chat_format.ChatFormat(tok, strategy=strategy)
+
+  def make_policy(strategy):
+    fmt = fmt_for(strategy)
+    if config.policy == "oracle":
+      return policies.OraclePolicy(fmt, strategy=strategy)
+    if config.policy == "api":
+      client = api_client.ChatClient(base_url=config.api.base_url, model=config.api.model,
+                                     api_key=os.environ.get(config.api.api_key_env, ""))
+      return policies.APIPolicy(fmt, client)
+    return policies.JaxPolicy(model, fmt, max_len=rcfg.max_len,
+                              max_turn_tokens=rcfg.max_turn_tokens, temperature=0.0)
+
+  records = []
+  benchmarks = [b for b in config.benchmarks.split(",") if b]
+  for bench in benchmarks:
+    if bench == "toolenv":
+      catalog = toolenv.load_catalog(config.catalog, seed=config.catalog_seed)
+      kinds = [k for k in config.kinds.split(",") if k]
+      tasks = runner.toolenv_tasks(catalog, num_per_kind=config.num_per_kind,
+                                   seed=config.task_seed, kinds=kinds)
+      for strategy in config.strategies.split(","):
+        records += runner.run_toolenv(make_policy, fmt_for, catalog, tasks,
+                                      strategy=strategy, policy_name=name,
+                                      workdir=workdir, rollout_config=rcfg,
+                                      batch_size=config.batch_size,
+                                      benchmark=f"toolenv-{config.catalog}")
+    elif bench == "bfcl":
+      if config.policy != "oracle":
+        raise config_utils.ConfigError("bfcl: only policy=oracle is wired so far "
+                                       "(model policies on BFCL are not yet)")
+      records += runner.run_bfcl_oracle(config.bfcl_source)
+    else:
+      raise config_utils.ConfigError(f"benchmarks: unknown {bench!r}; expected "
+                                     "toolenv or bfcl")
+  rep = report_lib.write_report(records, workdir)
+  print(report_lib.markdown_table(report_lib.build_report(records)), flush=True)
+  return rep
+
+
+def main(argv) -> None:
+  """Command line: one-line errors for bad input."""
+  # pylint: disable=g-import-not-at-top
+  from paraagent_jax import checkpoint as ckpt_lib
+  from paraagent_jax import config_utils
+  # pylint: enable=g-import-not-at-top
+  if len(argv) > 1:
+    sys.exit(f"paraagent_jax.evaluate: error: unexpected arguments {argv[1:]}")
+  if not flags.FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)
+  try:
+    if _COMPARE.value:
+      from paraagent_jax.evaluation import report as report_lib  # pylint: disable=g-import-not-at-top
+      paths = [p if p.endswith(".json") else os.path.join(p, "report.json")
+               for p in _COMPARE.value]
+      print(report_lib.compare_reports(paths))
+      return
+    if not _WORKDIR.value:
+      sys.exit("paraagent_jax.evaluate: error: --workdir is required")
+    config = config_utils.load_config(_CONFIG.value)
+    run(config, os.path.abspath(_WORKDIR.value), _CHECKPOINT.value)
+  except (config_utils.ConfigError, ckpt_lib.CheckpointError, OSError) as e:
+    sys.exit(f"paraagent_jax.evaluate: error: {' '.join(str(e).split())}")
+
+
+if __name__ == "__main__":
+  app.run(main)

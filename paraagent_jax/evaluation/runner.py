@@ -1,0 +1,119 @@
+"""Runs a policy on a benchmark, batch by batch, resumably.
+
+Records (one flat dict per task, see `report`) are appended to
+``WORKDIR/records/<benchmark>-<policy>-<strategy>.jsonl`` after every batch
+and fsynced, so an interrupted evaluation continues where it stopped: tasks
+whose id is already recorded are skipped. The same checkpoint, seed and
+benchmark give the same records (greedy decoding, deterministic ToolEnv).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, Callable, Sequence
+
+import toolenv
+
+
+def records_path(workdir: str, benchmark: str, policy: str, strategy: str) -> str:
+  return os.path.join(workdir, "records", f"{benchmark}-{policy}-{strategy}.jsonl")
+
+
+def read_records(path: str) -> list[dict[str, Any]]:
+  """Complete records of ``path`` (a torn last line from a kill is dropped)."""
+  if not os.path.exists(path):
+    return []
+  out = []
+  with open(path, encoding="utf-8") as f:
+    for line in f:
+      try:
+        out.append(json.loads(line))
+      except json.JSONDecodeError:
+        break
+  return out
+
+
+def _append(path: str, records: Sequence[dict[str, Any]]) -> None:
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path, "a", encoding="utf-8") as f:
+    for r in records:
+      f.write(json.dumps(r, default=str) + "\n")
+    f.flush()
+    os.fsync(f.fileno())
+
+
+def _rewrite(path: str, records: Sequence[dict[str, Any]]) -> None:
+  """Rewrites ``path`` with only complete records (drops a torn tail)."""
+  tmp = path + ".tmp"
+  with open(tmp, "w", encoding="utf-8") as f:
+    for r in records:
+      f.write(json.dumps(r, default=str) + "\n")
+  os.replace(tmp, path)
+
+
+def run_toolenv(make_policy: Callable[[str], Any], fmt_for: Callable[[str], Any], catalog,
+                tasks: Sequence[toolenv.Task], *, strategy: str, policy_name: str,
+                workdir: str, rollout_config, batch_size: int = 32,
+                benchmark: str = "toolenv", seed: int = 0,
+                log: Callable[[str], None] = print) -> list[dict[str, Any]]:
+  """Evaluates one policy under one strategy on ToolEnv tasks; returns records."""
+  from paraagent_jax.paraact import rollout  # pylint: disable=g-import-not-at-top
+  path = records_path(workdir, benchmark, policy_name, strategy)
+  done = read_records(path)
+  if done:
+    _rewrite(path, done)
+  seen = {r["task_id"] for r in done}
+  todo = [t for t in tasks if t.id not in seen]
+  if done:
+    log(f"evaluate: {benchmark}/{policy_name}/{strategy}: {len(done)} recorded, "
+        f"{len(todo)} to go")
+  fmt = fmt_for(strategy)
+  policy = make_policy(strategy)
+  env = toolenv.VectorToolEnv(catalog, num_envs=max(1, min(batch_size, len(todo) or 1)),
+                              **toolenv.oracle.env_options(strategy))
+  records = list(done)
+  for start in range(0, len(todo), batch_size):
+    batch = todo[start:start + batch_size]
+    t0 = time.perf_counter()
+    res = rollout.run_rollout(policy, env, batch, fmt, rollout_config, seed=seed)
+    new = []
+    for task, e in zip(batch, res.episodes):
+      r = {k: v for k, v in e.items() if k != "calls_per_step"}
+      r.update(benchmark=benchmark, strategy=strategy, policy=policy_name,
+               kind=task.kind, task_id=task.id, catalog=catalog.name)
+      new.append(r)
+    _append(path, new)
+    records += new
+    ok = sum(r["success"] for r in records)
+    log(f"evaluate: {benchmark}/{policy_name}/{strategy}: {len(records)}/{len(tasks)} "
+        f"tasks, success {ok / len(records):.3f} ({time.perf_counter() - t0:.1f}s/batch)")
+  order = {t.id: i for i, t in enumerate(tasks)}
+  return sorted((r for r in records if r["task_id"] in order), key=lambda r: order[r["task_id"]])
+
+
+def toolenv_tasks(catalog, *, num_per_kind: int, split: str = "test", seed: int = 0,
+                  kinds: Sequence[str] = toolenv.KINDS) -> list[toolenv.Task]:
+  """``num_per_kind`` held-out tasks of each kind (deterministic)."""
+  gen = toolenv.TaskGenerator(catalog, seed=seed)
+  return gen.generate(num_per_kind * len(kinds), split=split, kinds=tuple(kinds))
+
+
+def run_bfcl_oracle(data_dir: str, settings=("closed", "open")) -> list[dict[str, Any]]:
+  """BFCL scored by our BFCL-rule checker for the gold calls (harness check)."""
+  from toolenv.benchmarks import bfcl as bench  # pylint: disable=g-import-not-at-top
+  from toolenv.catalog import bfcl as bfcl_cat  # pylint: disable=g-import-not-at-top
+  entries = bfcl_cat.load_entries(data_dir)
+  bad = set(bench.unsolvable(entries))
+  entries = [e for e in entries if e.id not in bad]
+  out = []
+  for setting in settings:
+    tasks, _ = bench.make_tasks(entries, setting)
+    for task in tasks:
+      names = task.names if setting == "open" else None
+      ok, why = bench.check_task(task, bench.gold_calls(task.entry, names))
+      out.append({"benchmark": f"bfcl-{setting}", "strategy": "gold", "policy": "oracle",
+                  "kind": task.entry.category, "task_id": task.entry.id,
+                  "success": bool(ok), "reason": why})
+  return out
