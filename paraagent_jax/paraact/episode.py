@@ -44,6 +44,8 @@ class EpisodeBuffer:
   segment_types: list[int] = dataclasses.field(default_factory=list)
   truncated: bool = False
   done: bool = False
+  # Segment of the current run of explore/execute steps (-1: none).
+  _current: int = -1
 
   def __len__(self) -> int:
     return len(self.tokens)
@@ -61,26 +63,26 @@ class EpisodeBuffer:
   def begin_step(self, phase: str | None) -> tuple[int, int]:
     """Registers a new step with its phase; returns (step index, segment index).
 
-    An explore/execute step extends the current phase segment or opens a new
-    one. A step whose phase could not be parsed joins the current segment (or
-    opens an explore segment if there is none) so that its penalty is still
-    credited at the step level. An answer step belongs to no segment (-1).
+    Mirrors `toolenv.rewards.segments` exactly, so segment k here is entry k of
+    the environment's ``rewards()["phase"]``: an explore/execute step extends
+    the current run or opens a new one; a step with no valid phase (pass the
+    environment's ``info["phase"]``, None for malformed steps) joins the run it
+    interrupts, or no segment (-1) if there is none; an answer step belongs to
+    no segment and ends the current run.
     """
     step = len(self.step_phases)
     code = PHASE_CODES.get(phase) if isinstance(phase, str) else None
-    last = next((s for s in reversed(self.step_segment) if s >= 0), -1)
     if phase == "answer":
       seg = -1
+      self._current = -1
     elif code is None:
-      if last < 0:
-        self.segment_types.append(EXPLORE)
-        last = 0
-      seg = last
-    elif last >= 0 and self.segment_types[last] == code:
-      seg = last
+      seg = self._current
+    elif self._current >= 0 and self.segment_types[self._current] == code:
+      seg = self._current
     else:
       seg = len(self.segment_types)
       self.segment_types.append(code)
+      self._current = seg
     self.step_phases.append(phase if isinstance(phase, str) else "invalid")
     self.step_segment.append(seg)
     return step, seg
@@ -102,22 +104,21 @@ class EpisodeBuffer:
     self.token_kind.extend(int(k) for k in kinds)
 
 
-def segment_rewards(step_rewards: Sequence[float], step_segment: Sequence[int],
-                    env_phases: Sequence[Any]) -> list[float]:
-  """Aligns the environment's phase-segment rewards with our segment indices.
+def segment_rewards(segment_types: Sequence[int], env_phases: Sequence[Any]) -> list[float]:
+  """The environment's phase-segment rewards, checked against our segments.
 
-  The environment reports ``[(phase_type, reward), ...]`` for its maximal runs
-  of same-phase steps; ours are built the same way from the parsed steps, so
-  the lists correspond one to one. If they disagree in length (a step the
-  environment refused to phase), rewards are matched in order and missing ones
-  are 0.
+  The environment reports ``[(phase, reward), ...]`` for its maximal runs
+  (`toolenv.rewards.segments`); `EpisodeBuffer.begin_step` builds the same runs
+  from the environment's per-step phases, so the lists must match one to one.
+
+  Raises:
+    ValueError: the lists differ in length or phase type (a bookkeeping bug).
   """
-  del step_rewards
-  n_seg = max([s for s in step_segment if s >= 0], default=-1) + 1
-  out = [0.0] * n_seg
-  for i, item in enumerate(env_phases[:n_seg]):
-    out[i] = float(item[1] if isinstance(item, (tuple, list)) else item)
-  return out
+  got = [PHASE_CODES.get(p[0] if isinstance(p, (tuple, list)) else None) for p in env_phases]
+  if got != list(segment_types):
+    raise ValueError(f"phase segments differ from the environment's: ours "
+                     f"{list(segment_types)}, env {got}")
+  return [float(p[1]) for p in env_phases]
 
 
 def pack_episodes(buffers: Sequence[EpisodeBuffer], rewards: Sequence[dict[str, Any]],
@@ -168,12 +169,16 @@ def pack_episodes(buffers: Sequence[EpisodeBuffer], rewards: Sequence[dict[str, 
     out["seq_len"][i] = n
     out["truncated"][i] = buf.truncated or len(buf) > max_len
     step_r = list(rew.get("step", []))
-    for s, seg in enumerate(buf.step_segment[:max_steps]):
-      if s < len(step_r) and seg >= 0:
+    # Answer steps are credited at the trajectory level only (no step
+    # advantage); a malformed step outside any run still carries its penalty,
+    # grouped with explore steps.
+    for s, (seg, name) in enumerate(zip(buf.step_segment[:max_steps],
+                                        buf.step_phases[:max_steps])):
+      if s < len(step_r) and name != "answer":
         out["step_reward"][i, s] = step_r[s]
         out["step_mask"][i, s] = 1.0
-        out["step_phase_type"][i, s] = buf.segment_types[seg]
-    seg_r = segment_rewards(step_r, buf.step_segment, rew.get("phase", []))
+        out["step_phase_type"][i, s] = buf.segment_types[seg] if seg >= 0 else EXPLORE
+    seg_r = segment_rewards(buf.segment_types, rew.get("phase", []))
     for p, (ptype, r) in enumerate(zip(buf.segment_types[:max_phases], seg_r)):
       out["phase_reward"][i, p] = r
       out["phase_mask"][i, p] = 1.0

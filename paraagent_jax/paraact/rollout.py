@@ -15,8 +15,10 @@ per-episode records for reports.
 The text format (system prompt, turn template, step rendering and parsing,
 token kinds) comes from a `ChatFormat` (`paraagent_jax.paraact.chat_format`).
 
-Status: DRAFT. `ChatFormat` is not written yet and no test exercises this loop;
-see the open work in issue 5.
+    fmt = chat_format.ChatFormat(tokenizer, "paraact")
+    env = toolenv.VectorToolEnv(catalog, len(tasks), **toolenv.oracle.env_options("paraact"))
+    result = run_rollout(policies.OraclePolicy(fmt, "paraact"), env, tasks, fmt)
+    batch = result.trajectory_batch()
 """
 
 from __future__ import annotations
@@ -133,6 +135,9 @@ def run_rollout(policy: pol.Policy, env, tasks: Sequence[Any], fmt,
   b = len(tasks)
   group_ids = list(range(b)) if group_ids is None else list(group_ids)
   t_start = time.perf_counter()
+  # policy_s: the model (or oracle/API); parse_s: parsing, token kinds,
+  # bookkeeping and observation encoding; tokenize_s: encoding the prompts;
+  # env_s: ToolEnv.
   timing = {"policy_s": 0.0, "parse_s": 0.0, "env_s": 0.0, "tokenize_s": 0.0}
 
   t0 = time.perf_counter()
@@ -172,12 +177,7 @@ def run_rollout(policy: pol.Policy, env, tasks: Sequence[Any], fmt,
     for req, out in zip(requests, outputs):
       # Always parse the text: the oracle and API policies go through the same
       # text path as the model, so the protocol is exercised end to end.
-      step = fmt.parse(out.text)
-      kinds = fmt.token_kinds(out.token_ids, out.text)
-      s, seg = buffers[req.episode].begin_step(step.phase)
-      buffers[req.episode].add_policy(out.token_ids, out.logprobs, kinds, s, seg)
-      steps[req.episode].append(step)
-      env_steps[req.episode] = step
+      env_steps[req.episode] = fmt.parse(out.text)
     timing["parse_s"] += time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -185,31 +185,42 @@ def run_rollout(policy: pol.Policy, env, tasks: Sequence[Any], fmt,
     timing["env_s"] += time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    for req in requests:
+    for req, out in zip(requests, outputs):
       i = req.episode
       res = results[i]
+      # Segments follow the phase the environment recorded (None when it
+      # judged the step malformed), so they align with its phase rewards.
+      s, seg = buffers[i].begin_step(res.info.get("phase"))
+      buffers[i].add_policy(out.token_ids, out.logprobs,
+                            fmt.token_kinds(out.token_ids, out.text), s, seg)
+      steps[i].append(env_steps[i])
       if res.done:
         done[i] = True
+        buffers[i].done = True
         ep_wall[i] = time.perf_counter() - t_start
         pending_ids[i], pending_msgs[i] = [], []
-        buffers[i].add_context(fmt.close_ids())
+        # Closing glue is context the policy never sees again: not sent to it.
+        buffers[i].add_context(fmt.close_ids(out.token_ids))
       else:
-        pending_ids[i] = fmt.observation_ids(res.observation, config.max_obs_tokens)
-        pending_msgs[i] = fmt.observation_messages(res.observation)
-    timing["tokenize_s"] += time.perf_counter() - t0
+        pending_ids[i] = fmt.observation_ids(res.observation, config.max_obs_tokens,
+                                             out.token_ids)
+        pending_msgs[i] = fmt.observation_messages(res.observation, config.max_obs_tokens)
+    timing["parse_s"] += time.perf_counter() - t0
 
-  for i in range(b):
-    if not done[i] or buffers[i].truncated:
-      buffers[i].truncated = True
-      ep_wall[i] = ep_wall[i] or (time.perf_counter() - t_start)
-  if hasattr(env, "finish"):
-    env.finish([i for i in range(b) if buffers[i].truncated])
+  cut = [i for i in range(b) if not buffers[i].done]
+  for i in cut:
+    buffers[i].truncated = True
+    ep_wall[i] = time.perf_counter() - t_start
+  env.finish(cut)
   rewards = [env.rewards(i) for i in range(b)]
+  for i in range(b):
+    # The environment's own turn budget also truncates.
+    buffers[i].truncated = buffers[i].truncated or bool(rewards[i].get("truncated"))
   arrays = ep.pack_episodes(
       buffers, rewards, group_ids, max_len=config.max_len,
       max_steps=config.max_turns, max_phases=config.max_phases or config.max_turns,
       pad_id=fmt.pad_id)
-  records = [_episode_record(tasks[i], buffers[i], steps[i], rewards[i], ep_wall[i] / max(1, b))
+  records = [_episode_record(tasks[i], buffers[i], steps[i], rewards[i], ep_wall[i])
              for i in range(b)]
   timing["total_s"] = time.perf_counter() - t_start
   return RolloutResult(arrays, records, buffers, timing, policy.stats())
