@@ -118,6 +118,20 @@ def test_build_and_read_back(source, tmp_path, capsys, name, prefix):
         in out
 
 
+def test_rebuilds_when_source_changes(tmp_path):
+  src = tmp_path / "src"
+  src.mkdir()
+  for split in ("train", "test"):
+    _write(src / f"tasks_{split}.jsonl", [_task(split, i) for i in range(3)])
+  out = str(tmp_path / "tfds")
+  first = tfds_builders.build_dataset("tasks", str(src), out)
+  assert len(tfds_builders.load_records(first, "train")) == 3
+  _write(src / "tasks_train.jsonl", [_task("train", i) for i in range(4)])
+  again = tfds_builders.build_dataset("tasks", str(src), out)
+  assert [r["id"] for r in tfds_builders.load_records(again, "train")] == [
+      f"t-train-{i}" for i in range(4)]
+
+
 def test_unknown_dataset_and_missing_source(tmp_path):
   with pytest.raises(ValueError, match="unknown dataset"):
     tfds_builders.build_dataset("nope", str(tmp_path), str(tmp_path / "o"))

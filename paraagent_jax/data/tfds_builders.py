@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import hashlib
 import json
 import os
+import shutil
 from typing import Any, Iterator
 
 import numpy as np
@@ -244,10 +246,41 @@ def build_dataset(name: str, source_dir: str, data_dir: str,
     cfg = dataclasses.replace(base, name=f"{config}-{suffix}",
                               **config_overrides)
   builder = cls(source_dir=source_dir, data_dir=data_dir, config=cfg)
+  # TFDS reuses a prepared version whatever the source says; rebuild when
+  # the JSONL files changed (e.g. demonstrations regenerated in place).
+  fingerprint = source_fingerprint(builder)
+  stamp = os.path.join(builder.data_dir, SOURCE_STAMP)
+  if os.path.exists(stamp):
+    with open(stamp, encoding="utf-8") as f:
+      stale = f.read().strip() != fingerprint
+    if stale:
+      # A fresh builder on an emptied version dir: regenerating in place
+      # trips TFDS's "DatasetInfo already initialised" check.
+      shutil.rmtree(builder.data_dir)
+      builder = cls(source_dir=source_dir, data_dir=data_dir, config=cfg)
   builder.download_and_prepare(
       file_format="array_record",
       download_config=tfds.download.DownloadConfig(manual_dir=source_dir))
+  with open(stamp, "w", encoding="utf-8") as f:
+    f.write(fingerprint)
   return builder
+
+
+SOURCE_STAMP = "source_fingerprint.txt"
+
+
+def source_fingerprint(builder: _JsonlBuilder) -> str:
+  """sha256 over the split files' bytes (what the prepared data came from)."""
+  h = hashlib.sha256()
+  for split in SPLITS:
+    path = builder.source_path(split)
+    if not os.path.exists(path):
+      raise FileNotFoundError(f"{builder.name}: missing {path}")
+    h.update(split.encode())
+    with open(path, "rb") as f:
+      for chunk in iter(lambda: f.read(1 << 20), b""):
+        h.update(chunk)
+  return h.hexdigest()
 
 
 def decode_demonstration(example: dict[str, Any]) -> dict[str, Any]:
