@@ -20,6 +20,7 @@ def get_config(arg=None):
   """The evaluation config; ``arg`` is ``key=value,...`` (``runlocal``)."""
   a = config_utils.parse_arg(arg, runlocal=False)
   c = ml_collections.ConfigDict()
+  c.runlocal = a.runlocal
   c.policy = "oracle"
   c.policy_name = ""
   c.benchmarks = "toolenv"

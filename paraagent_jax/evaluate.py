@@ -108,6 +108,8 @@ def run(config, workdir: str, checkpoint: str = "") -> dict:
                                    "checkpoint or api")
   if config.policy == "checkpoint" and not checkpoint:
     raise config_utils.ConfigError("policy=checkpoint needs --checkpoint=DIR")
+  if checkpoint and not os.path.exists(checkpoint):
+    raise config_utils.ConfigError(f"--checkpoint={checkpoint}: no such directory")
   os.makedirs(workdir, exist_ok=True)
   tok = _tokenizer(config, checkpoint)
   model = load_checkpoint_model(checkpoint, len(tok)) if checkpoint else None
