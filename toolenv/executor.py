@@ -32,8 +32,13 @@ MAX_ARG_CHARS = 2_000      # longer arguments are refused, not simulated
 
 def canonical_json(obj: Any) -> str:
   """Compact, key-sorted JSON (``str`` for what JSON cannot hold)."""
-  return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str,
-                    ensure_ascii=False)
+  try:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str,
+                      ensure_ascii=False)
+  except (TypeError, ValueError, RecursionError):
+    # Keys JSON cannot sort or hold (mixed int/str, tuples), cycles: the env
+    # must answer such arguments with an error, not crash on them.
+    return repr(obj)
 
 
 def digest(*parts: Any) -> int:
