@@ -104,31 +104,43 @@ def read_catalog(path: str) -> tuple[list[Tool], dict[str, Any]]:
 def build_openapi(source: str | None = None, out: str | None = None,
                   target: int = openapi.TARGET_SIZE,
                   verbose: bool = True) -> dict[str, Any]:
-  """Parses, selects ``target`` operations, writes the cache; returns summary."""
+  """Parses, selects ``target`` operations, caches the catalog; returns info.
+
+  With ``out`` the catalog store directory is written there; otherwise into
+  the registry cache, where ``toolenv.load_catalog("openapi")`` finds it.
+  """
   t0 = time.time()
-  source = source or fetch_openapi_package()
-  stats = openapi.ParseStats()
-  tools = openapi.parse_source(source, stats)
-  selected = openapi.select(tools, target)
-  info = openapi.summary(selected, stats)
-  info.update(source=os.path.basename(source), usable_operations=len(tools),
-              fingerprint=openapi.fingerprint(selected),
-              build_seconds=round(time.time() - t0, 1))
-  write_catalog(out or catalog_path("openapi"), selected, info)
+  old = os.environ.get(openapi.SOURCE_ENV)
+  if source:
+    os.environ[openapi.SOURCE_ENV] = source
+  try:
+    if out is None and target == openapi.TARGET_SIZE:
+      from toolenv.catalog import load_catalog  # pylint: disable=g-import-not-at-top
+      cat = load_catalog("openapi", rebuild=True)
+    else:
+      cat = openapi.build_catalog(target=target)
+      cat.save(out or catalog_path(f"openapi-{target}"))
+  finally:
+    if old is None:
+      os.environ.pop(openapi.SOURCE_ENV, None)
+    else:
+      os.environ[openapi.SOURCE_ENV] = old
+  info = dict(cat.info, build_seconds=round(time.time() - t0, 1))
   if verbose:
-    print_summary(info, stats)
+    print_summary(info)
   return info
 
 
-def print_summary(info: dict[str, Any], stats: openapi.ParseStats) -> None:
+def print_summary(info: dict[str, Any]) -> None:
   """Prints the human-readable build summary."""
   print(f"OpenAPI catalog: {info['tools']} tools from {info['providers']} "
         f"providers, {len(info['categories'])} categories "
         f"({info['source']}, {info['build_seconds']} s)")
-  print(f"  specs parsed {stats.specs}, corrupt skipped {stats.corrupt}, "
-        f"operations seen {stats.operations}, dropped without description "
-        f"{stats.no_description}, usable {info['usable_operations']}")
-  for f in stats.corrupt_files[:10]:
+  print(f"  specs parsed {info['specs']}, corrupt skipped "
+        f"{info['corrupt_specs']}, operations seen {info['operations_seen']}, "
+        f"dropped without description {info['dropped_no_description']}, "
+        f"usable {info['usable_operations']}")
+  for f in info.get("corrupt_files", [])[:10]:
     print(f"  corrupt: {f}")
   print("  categories: " + ", ".join(
       f"{k} {v}" for k, v in info["categories"].items()))
@@ -136,6 +148,10 @@ def print_summary(info: dict[str, Any], stats: openapi.ParseStats) -> None:
       f"{k} {v}" for k, v in info["parameter_types"].items()))
   print("  operation kinds: " + ", ".join(
       f"{k} {v}" for k, v in info["kinds"].items()))
+  vf = info["value_flow"]
+  print(f"  value flow: {vf['chains']} producer->consumer chains over "
+        f"{vf['tags']} id tags; {vf['producers']} tools produce ids, "
+        f"{vf['consumers']} consume them")
   print(f"  write tools {info['write_tools']}, fingerprint "
         f"{info['fingerprint']}")
 
@@ -146,7 +162,9 @@ def main(argv: list[str] | None = None) -> int:
   ap.add_argument("catalog", choices=("openapi", "bfcl"))
   ap.add_argument("--source", default=None,
                   help="npm tarball, GitHub clone, BFCL wheel or data dir")
-  ap.add_argument("--out", default=None, help="cache file to write")
+  ap.add_argument("--out", default=None,
+                  help="catalog directory to write (default: the registry "
+                  "cache read by toolenv.load_catalog)")
   args = ap.parse_args(argv)
   try:
     if args.catalog == "openapi":

