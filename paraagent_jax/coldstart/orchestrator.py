@@ -37,7 +37,7 @@ from toolenv.tasks import Task
 
 _BLOCK_RE = re.compile(r"(?m)^\[(\d+)\] ")
 MAX_EXPLORE_ROUNDS = 3
-MAX_EXECUTE_ROUNDS = 4
+MAX_EXECUTE_ROUNDS = 6
 
 Episode = Generator[tuple[str, Step], StepResult, None]
 

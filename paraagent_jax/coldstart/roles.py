@@ -223,10 +223,13 @@ class ScriptedExecutor(Role):
       return RoleOutput(self.name, thought="Fix the failed call(s) from the error.",
                         calls=[(s.id, Call(s.tool, dict(s.arguments))) for s in fix])
     rng = _rng(self.seed, context.task, "exec", ready[0].id)
-    if len(ready) >= 2 and rng.random() < self.imp.split_level:
+    # Mistakes only on a level's first step, so that recovery stays bounded.
+    first = not any(s.id in context.results for s in context.plan
+                    if s.level == ready[0].level)
+    if first and len(ready) >= 2 and rng.random() < self.imp.split_level:
       ready = ready[:len(ready) // 2]
     calls = [(s.id, Call(s.tool, dict(s.arguments))) for s in ready]
-    if rng.random() < self.imp.wrong_argument:
+    if first and rng.random() < self.imp.wrong_argument:
       j = rng.randrange(len(calls))
       sid, call = calls[j]
       tool = self.catalog[call.name]
