@@ -16,8 +16,13 @@ The checker follows BFCL's published AST rules for Python categories:
   inside lists and dicts); every possible-answer parameter that is not given
   has ``""`` among its answers (``""`` means "may be omitted").
 
-`ast_agrees` in ``benchmarks/bfcl_agreement.py`` compares these verdicts with
-BFCL's own ``ast_checker`` where ``bfcl-eval`` is importable.
+Agreement with BFCL's own ``ast_checker`` (bfcl-eval 2026.3.23, in a scratch
+venv; see ``scripts/bfcl_agreement.py`` for the setup):
+
+    .venv/bin/python scripts/bfcl_agreement.py --bfcl-python /tmp/bfcl-venv/bin/python
+
+measured: gold 1000/1000 and perturbed 7843/7843 verdicts agree over
+simple_python / multiple / parallel / parallel_multiple.
 """
 
 from __future__ import annotations
