@@ -159,6 +159,10 @@ def test_loss_mask_is_exactly_assistant_spans(sft_config, tok):
     # writes it (one tool message per turn, so no merging applies).
     assert tok.decode(toks[:n]) == tokenizer_lib.render_messages(
         rec["messages"])
+    # The same ids as the rollout's turn-by-turn encoding (one call each).
+    enc = tokenizer_lib.ChatEncoder(tok)
+    assert list(toks[:n]) == [i for m in rec["messages"]
+                              for i in enc.turn_ids(m["role"], m["content"])]
     assert (batch["attention_mask"][r, n:] == 0).all()
     assert (toks[n:] == tok.pad_token_id).all()
     spans = [tok.decode(toks[a:b]) for a, b in _runs(batch["loss_mask"][r])]

@@ -48,34 +48,51 @@ _SPLIT_ALIASES = {"train": "train", "validation": "test", "test": "test"}
 OVERLONG_MODES = ("drop", "truncate")
 
 
-def encode_demonstration(encoder: tokenizer_lib.ChatEncoder,
-                         messages) -> tuple[np.ndarray, np.ndarray]:
-  """Token ids and loss mask (1 on assistant content + ``<|im_end|>``).
+def encode_demonstrations(encoder: tokenizer_lib.ChatEncoder, conversations
+                          ) -> list[tuple[np.ndarray, np.ndarray]]:
+  """Token ids and loss masks (1 on assistant content + ``<|im_end|>``).
+
+  Each message is encoded as `ChatEncoder` does in a rollout (a non-assistant
+  message as ``turn_ids``, an assistant one as ``generation_prompt_ids() +
+  encode(content) + end_of_turn_ids()``); all texts go to the tokenizer in one
+  batch call, which is several times faster than one call per message.
 
   Args:
     encoder: a `ChatEncoder`.
-    messages: dicts with ``role`` and ``content``.
+    conversations: lists of dicts with ``role`` and ``content``.
 
   Returns:
-    (ids int32 [n], mask float32 [n]).
+    Per conversation (ids int32 [n], mask float32 [n]).
   """
   header = encoder.generation_prompt_ids()
   eot = encoder.end_of_turn_ids()
   end = encoder.encode(tokenizer_lib.IM_END)
   # Learn the end-of-turn token itself; the newline after it is template.
   n_learn = len(end) if eot[:len(end)] == end else len(eot)
-  ids, mask = [], []
-  for m in messages:
-    if m["role"] == "assistant":
-      body = encoder.encode(m["content"])
-      ids += header + body + eot
-      mask += ([0] * len(header) + [1] * (len(body) + n_learn)
-               + [0] * (len(eot) - n_learn))
-    else:
-      turn = encoder.turn_ids(m["role"], m["content"])
-      ids += turn
-      mask += [0] * len(turn)
-  return np.asarray(ids, np.int32), np.asarray(mask, np.float32)
+  texts = [m["content"] if m["role"] == "assistant" else
+           encoder.turn_text(m["role"], m["content"])
+           for msgs in conversations for m in msgs]
+  backend = getattr(encoder.tokenizer, "backend_tokenizer", None)
+  if backend is not None:  # the Rust tokenizer: half the wrapper's time
+    encoded = iter([e.ids for e in backend.encode_batch(
+        texts, add_special_tokens=False)])
+  else:
+    encoded = iter(encoder.tokenizer(texts, add_special_tokens=False)[
+        "input_ids"] if texts else [])
+  out = []
+  for msgs in conversations:
+    ids, mask = [], []
+    for m in msgs:
+      body = list(next(encoded))
+      if m["role"] == "assistant":
+        ids += header + body + eot
+        mask += ([0] * len(header) + [1] * (len(body) + n_learn)
+                 + [0] * (len(eot) - n_learn))
+      else:
+        ids += body
+        mask += [0] * len(body)
+    out.append((np.asarray(ids, np.int32), np.asarray(mask, np.float32)))
+  return out
 
 
 def _get(cfg, key: str, default):
@@ -131,8 +148,9 @@ class DemonstrationSFTData:
     self.num_dropped = self.num_truncated = 0
     self.ids, self._examples = [], []
     # Sorted by id: TFDS stores records shuffled by key.
-    for rec in sorted(records, key=lambda r: r["id"]):
-      ids, mask = encode_demonstration(encoder, rec["messages"])
+    records = sorted(records, key=lambda r: r["id"])
+    encoded = encode_demonstrations(encoder, [r["messages"] for r in records])
+    for rec, (ids, mask) in zip(records, encoded):
       if len(ids) > self.seq_len:
         if overlong == "drop" or not mask[:self.seq_len].any():
           self.num_dropped += 1
