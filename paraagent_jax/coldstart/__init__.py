@@ -1,1 +1,9 @@
-"""paraagent_jax.coldstart."""
+"""paraagent_jax.coldstart: multi-agent demonstrations for the cold start.
+
+    roles.scripted_roles(catalog, roles.Imperfection.default())   # gold + mistakes
+    chat_roles.chat_roles(ChatClient(...), cache_dir=...)         # any API model
+    kept, stats = orchestrator.Orchestrator(catalog, role_set).run(tasks)
+    build.build_demonstrations(config, out_dir)                   # stage=demos
+
+`chat_roles` is imported on demand (it is not needed by the scripted path).
+"""
