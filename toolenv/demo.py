@@ -29,49 +29,47 @@ def _indent(text: str, prefix: str = "      ") -> str:
   return "\n".join(prefix + line for line in text.splitlines())
 
 
-def print_task(task: toolenv.Task, out=sys.stdout) -> None:
+def print_task(task: toolenv.Task) -> None:
   """Writes the instruction, the gold DAG and the gold answer values."""
   print(f"Task {task.id}  (kind {task.kind}, split {task.split}, "
-        f"max {task.max_turns} turns, writes: {task.writes})", file=out)
-  print(f"Instruction: {task.instruction}", file=out)
-  print("Gold DAG (level: node tool(arguments) <- deps):", file=out)
+        f"max {task.max_turns} turns, writes: {task.writes})")
+  print(f"Instruction: {task.instruction}")
+  print("Gold DAG (level: node tool(arguments) <- deps):")
   for n in task.nodes:
     deps = f" <- {', '.join(n['deps'])}" if n["deps"] else ""
     late = "  [need appears late]" if n["late"] else ""
-    print(f"  L{n['level']}: {n['id']} {n['tool']}({_args_text(n['arguments'])}){deps}{late}",
-          file=out)
+    print(f"  L{n['level']}: {n['id']} {n['tool']}({_args_text(n['arguments'])}){deps}{late}")
   print("Gold answer values: " + "; ".join(
-      f"{a['label']} = {a['value']}" for a in task.answers), file=out)
+      f"{a['label']} = {a['value']}" for a in task.answers))
 
 
-def run_episode(catalog, task: toolenv.Task, strategy: str = "paraact",
-                out=sys.stdout) -> dict[str, Any]:
+def run_episode(catalog, task: toolenv.Task, strategy: str = "paraact") -> dict[str, Any]:
   """Plays the oracle for ``task`` step by step, printing each; returns the rewards."""
   env = toolenv.VectorToolEnv(catalog, num_envs=1, **oracle.env_options(strategy))
-  print(f"\nEpisode ({strategy} oracle)", file=out)
-  print(_indent(env.reset([task])[0], "  > "), file=out)
+  print(f"\nEpisode ({strategy} oracle)")
+  print(_indent(env.reset([task])[0], "  > "))
   for t, step in enumerate(oracle.solve(task, strategy=strategy)):
     if env.done[0]:
       break
     res = env.step([step])[0]
-    print(f"\nTurn {t + 1} [{step.phase}] {step.thought}", file=out)
+    print(f"\nTurn {t + 1} [{step.phase}] {step.thought}")
     if step.phase == "answer":
-      print(f"  answer: {step.answer}", file=out)
+      print(f"  answer: {step.answer}")
     for call in step.calls:
-      print(f"  call: {call.name}({_args_text(call.arguments)})", file=out)
-    print(f"  observation:\n{_indent(res.observation)}", file=out)
-    print(f"  step reward: {res.info['step_reward']:+.3f}", file=out)
+      print(f"  call: {call.name}({_args_text(call.arguments)})")
+    print(f"  observation:\n{_indent(res.observation)}")
+    print(f"  step reward: {res.info['step_reward']:+.3f}")
   return env.rewards(0)
 
 
-def print_rewards(parts: dict[str, Any], out=sys.stdout) -> None:
+def print_rewards(parts: dict[str, Any]) -> None:
   """Writes the reward parts at the three levels."""
-  print("\nRewards", file=out)
-  print("  step:       [" + ", ".join(f"{r:+.3f}" for r in parts["step"]) + "]", file=out)
-  print("  phase:      " + ", ".join(f"{p} {r:.3f}" for p, r in parts["phase"]), file=out)
-  print(f"  trajectory: {parts['trajectory']:.4f}", file=out)
+  print("\nRewards")
+  print("  step:       [" + ", ".join(f"{r:+.3f}" for r in parts["step"]) + "]")
+  print("  phase:      " + ", ".join(f"{p} {r:.3f}" for p, r in parts["phase"]))
+  print(f"  trajectory: {parts['trajectory']:.4f}")
   print(f"  success:    {parts['success']}  ({parts['turns']} turns, "
-        f"{parts['completed']}/{parts['nodes']} gold nodes completed)", file=out)
+        f"{parts['completed']}/{parts['nodes']} gold nodes completed)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
