@@ -249,3 +249,20 @@ def test_build_demonstrations_writes_the_contract(tmp_path):
   with open(os.path.join(out, "stats.json")) as f:
     on_disk = json.load(f)
   assert on_disk["train"]["per_kind"].keys() == set(toolenv.KINDS)
+
+
+def test_build_demonstrations_with_the_chat_backend(full_cat, tmp_path):
+  gen = toolenv.TaskGenerator(full_cat, seed=0)
+  responder = _Responder(gen.generate(4, "train") + gen.generate(2, "test"), delay=0.0)
+  with ChatServer(responder) as server:
+    cfg = ConfigDict({"data": {
+        "catalog": "procedural", "num_tasks": 4, "test_tasks": 2, "backend": "chat",
+        "seed": 0, "chat": {"base_url": server.base_url, "model": "test",
+                            "cache_dir": str(tmp_path / "cache"), "max_workers": 2}}})
+    stats = build.build_demonstrations(cfg, str(tmp_path / "out"))
+  assert stats["backend"] == "chat"
+  assert (stats["train"]["kept"], stats["test"]["kept"]) == (4, 2)
+  with open(tmp_path / "out" / "demonstrations_train.jsonl") as f:
+    demos = [json.loads(line) for line in f]
+  for d in demos:
+    _check_shape(d)

@@ -70,6 +70,7 @@ def write_jsonl_atomic(path: str, rows: Iterable[dict]) -> int:
     for row in rows:
       f.write(json.dumps(row, ensure_ascii=False) + "\n")
       n += 1
+  os.chmod(tmp, 0o644)  # mkstemp makes 0600; readers may be other users.
   os.replace(tmp, path)
   return n
 
@@ -80,6 +81,7 @@ def write_json_atomic(path: str, obj: Any) -> None:
   fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".json")
   with os.fdopen(fd, "w", encoding="utf-8") as f:
     json.dump(obj, f, indent=1, sort_keys=True)
+  os.chmod(tmp, 0o644)
   os.replace(tmp, path)
 
 
