@@ -131,7 +131,8 @@ class DemonstrationSFTData:
 
   def __init__(self, records, tokenizer, *, batch_size: int, seq_len: int,
                seed: int = 0, split: str = "train", overlong: str = "drop",
-               process_index: int = 0, process_count: int = 1):
+               process_index: int = 0, process_count: int = 1,
+               encoded=None):
     if overlong not in OVERLONG_MODES:
       raise ValueError(f"overlong={overlong!r}; expected one of "
                        f"{OVERLONG_MODES}")
@@ -149,7 +150,9 @@ class DemonstrationSFTData:
     self.ids, self._examples = [], []
     # Sorted by id: TFDS stores records shuffled by key.
     records = sorted(records, key=lambda r: r["id"])
-    encoded = encode_demonstrations(encoder, [r["messages"] for r in records])
+    if encoded is None:  # else: `encode_demonstrations` of sorted records
+      encoded = encode_demonstrations(encoder,
+                                      [r["messages"] for r in records])
     for rec, (ids, mask) in zip(records, encoded):
       if len(ids) > self.seq_len:
         if overlong == "drop" or not mask[:self.seq_len].any():
@@ -233,6 +236,40 @@ def load_demonstrations(data_config, split: str) -> list[dict[str, Any]]:
   return tfds_builders.load_records(builder, _SPLIT_ALIASES[split])
 
 
+# train.py makes the validation data anew at every evaluation; tokenising
+# thousands of demonstrations each time would dominate a CPU run.
+_CACHE: dict[tuple, tuple] = {}
+
+
+def _files_key(*paths: str) -> tuple:
+  return tuple((p, os.stat(p).st_size, os.stat(p).st_mtime_ns)
+               if os.path.exists(p) else (p,) for p in paths)
+
+
+def _load_encoded(data_config, split: str):
+  """(sorted records, tokenizer, their encodings), cached per source state."""
+  data_dir = _get(data_config, "data_dir", "")
+  tok_path = _get(data_config, "tokenizer", "") or os.path.join(
+      data_dir or ".", "tokenizer")
+  key = (split, tok_path, _get(data_config, "tfds_dir", ""),
+         _get(data_config, "catalog", "procedural")) + _files_key(
+             *(os.path.join(data_dir or ".", f"demonstrations_{s}.jsonl")
+               for s in tfds_builders.SPLITS),
+             os.path.join(tok_path, "tokenizer.json"))
+  if key not in _CACHE:
+    records = sorted(load_demonstrations(data_config, split),
+                     key=lambda r: r["id"])
+    tok = resolve_tokenizer(data_config, data_dir)
+    encoded = encode_demonstrations(tokenizer_lib.ChatEncoder(tok),
+                                    [r["messages"] for r in records])
+    if len(_CACHE) >= 4:
+      _CACHE.clear()
+    # The key is taken again: training the tokenizer changes its mtime.
+    key = key[:4] + _files_key(*(k[0] for k in key[4:]))
+    _CACHE[key] = (records, tok, encoded)
+  return _CACHE[key]
+
+
 def make_sft_data(data_config, *, split: str, batch_size: int, seq_len: int,
                   seed: int, process_index: int = 0,
                   process_count: int = 1) -> DemonstrationSFTData:
@@ -250,12 +287,12 @@ def make_sft_data(data_config, *, split: str, batch_size: int, seq_len: int,
   Returns:
     A `DemonstrationSFTData`.
   """
-  records = load_demonstrations(data_config, split)
-  tok = resolve_tokenizer(data_config, _get(data_config, "data_dir", ""))
+  records, tok, encoded = _load_encoded(data_config, split)
   data = DemonstrationSFTData(
       records, tok, batch_size=batch_size, seq_len=seq_len, seed=seed,
       split=split, overlong=str(_get(data_config, "overlong", "drop")),
-      process_index=process_index, process_count=process_count)
+      process_index=process_index, process_count=process_count,
+      encoded=encoded)
   print(f"demonstrations[{split}]: {data.num_examples} examples, "
         f"{data.num_dropped} dropped and {data.num_truncated} truncated "
         f"(over {seq_len} tokens), vocab {data.vocab_size}", flush=True)
