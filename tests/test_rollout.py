@@ -145,18 +145,27 @@ class _Recording(policies.JaxPolicy):
     return outs
 
 
-def test_tiny_model_batch_is_consistent(catalog, gen, tok):
+# Both model tests share batch size and cache length, so they share compiled
+# sampler programs; a short system prompt keeps the tiny model's context short.
+_B, _MAX_LEN, _TURN = 4, 384, 16
+_SYSTEM = "Solve the task with tools. <explore> ... <call>{...}</call> </step>"
+
+
+def _tiny(tok, seed):
   cfg = qwen3.Qwen3Config.preset("tiny", vocab_size=len(tok))
-  model = qwen3.Qwen3(cfg, rngs=nnx.Rngs(0))
-  fmt = chat_format.ChatFormat(tok, "paraact")
-  tasks = gen.generate(3, "train")
-  tasks = [t for t in tasks for _ in range(2)]  # groups of 2
-  max_len = 1024
-  config = rollout.RolloutConfig(max_turns=4, max_turn_tokens=24, max_len=max_len,
-                                 max_obs_tokens=48)
-  policy = _Recording(model, fmt, max_len=max_len, max_turn_tokens=24, temperature=1.0)
+  return qwen3.Qwen3(cfg, rngs=nnx.Rngs(seed))
+
+
+def test_tiny_model_batch_is_consistent(catalog, gen, tok):
+  model = _tiny(tok, 0)
+  fmt = chat_format.ChatFormat(tok, "paraact", system_prompt=_SYSTEM)
+  tasks = [t for t in gen.generate(_B // 2, "train") for _ in range(2)]  # groups of 2
+  max_len = _MAX_LEN
+  config = rollout.RolloutConfig(max_turns=3, max_turn_tokens=_TURN, max_len=max_len,
+                                 max_obs_tokens=24)
+  policy = _Recording(model, fmt, max_len=max_len, max_turn_tokens=_TURN, temperature=1.0)
   env = toolenv.VectorToolEnv(catalog, len(tasks))
-  res = rollout.run_rollout(policy, env, tasks, fmt, config, group_ids=[0, 0, 1, 1, 2, 2])
+  res = rollout.run_rollout(policy, env, tasks, fmt, config, group_ids=[0, 0, 1, 1])
   a = res.arrays
   _check_env_alignment(env, res)
   closing = 0
@@ -187,21 +196,20 @@ def test_tiny_model_batch_is_consistent(catalog, gen, tok):
   st = res.policy_stats
   assert st["prefill_tokens"] + st["decode_tokens"] == a["seq_len"].sum() - closing
   assert st["decode_tokens"] == a["loss_mask"].sum()
-  assert list(a["group_id"]) == [0, 0, 1, 1, 2, 2]
+  assert list(a["group_id"]) == [0, 0, 1, 1]
   batch = res.trajectory_batch()
-  assert batch.shape == (6, max_len, 4, 4)
+  assert batch.shape == (_B, max_len, 3, 3)
 
 
 def test_token_budget_truncates_and_finishes_env(catalog, gen, tok):
-  cfg = qwen3.Qwen3Config.preset("tiny", vocab_size=len(tok))
-  model = qwen3.Qwen3(cfg, rngs=nnx.Rngs(1))
-  fmt = chat_format.ChatFormat(tok, "paraact")
-  tasks = gen.generate(2, "train")
-  prompt = max(len(fmt.prompt_ids(f"Task: {t.instruction}")) for t in tasks)
-  max_len = prompt + 120   # room for about two turns
-  config = rollout.RolloutConfig(max_turns=8, max_turn_tokens=32, max_len=max_len,
-                                 max_obs_tokens=40)
-  policy = policies.JaxPolicy(model, fmt, max_len=max_len, max_turn_tokens=32,
+  model = _tiny(tok, 1)
+  fmt = chat_format.ChatFormat(tok, "paraact", system_prompt=_SYSTEM)
+  tasks = gen.generate(_B, "train")
+  max_len = _MAX_LEN
+  # Observations of up to 60 tokens: the cache fills before the 8 turns.
+  config = rollout.RolloutConfig(max_turns=8, max_turn_tokens=_TURN, max_len=max_len,
+                                 max_obs_tokens=60)
+  policy = policies.JaxPolicy(model, fmt, max_len=max_len, max_turn_tokens=_TURN,
                               temperature=1.0)
   env = toolenv.VectorToolEnv(catalog, len(tasks))
   res = rollout.run_rollout(policy, env, tasks, fmt, config)
