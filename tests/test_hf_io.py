@@ -65,17 +65,16 @@ def assert_real_close(ref, got, mask, atol=1e-4):
   np.testing.assert_allclose(got[real], ref[real], atol=atol, rtol=0)
 
 
-@pytest.mark.parametrize("tied,kv", [(True, 2), (False, 4), (False, 2),
-                                     (True, 4)])
-@pytest.mark.parametrize("pad_side", ["left", "right"])
-def test_logits_match_transformers_with_padding(tmp_path, tied, kv, pad_side):
+@pytest.mark.parametrize("tied,kv", [(True, 2), (False, 4), (False, 2)])
+def test_logits_match_transformers_with_padding(tmp_path, tied, kv):
   hf, d = make_hf(tmp_path, "m", tied=tied, kv=kv)
   ours = hf_io.load_hf(d)
   assert ours.config.tie_embeddings == tied
   assert ours.config.num_kv_heads == kv
-  ids, mask = batch(pad_side)
-  got = np.asarray(ours(jnp.asarray(ids), attention_mask=jnp.asarray(mask)))
-  assert_real_close(hf_logits(hf, ids, mask), got, mask)
+  for pad_side in ("left", "right"):
+    ids, mask = batch(pad_side)
+    got = np.asarray(ours(jnp.asarray(ids), attention_mask=jnp.asarray(mask)))
+    assert_real_close(hf_logits(hf, ids, mask), got, mask)
 
 
 def test_export_loads_in_transformers_and_roundtrip_is_exact(tmp_path):
