@@ -222,13 +222,13 @@ def test_letter_list_category_is_joined():
   assert openapi.tools_from_spec(spec)[0].category == "security"
 
 
-_REAL = os.path.join(build.cache_dir(), "openapi-s0-")
-
-
 def _real_catalog():
-  d = build.cache_dir()
-  hits = [x for x in os.listdir(d) if x.startswith("openapi-s0-")]
-  return os.path.join(d, hits[0]) if hits else None
+  # Exactly the registry's cache entry: any other one would make
+  # load_catalog build (and fetch) inside the test.
+  from toolenv import catalog  # pylint: disable=g-import-not-at-top
+  path = os.path.join(catalog.cache_root(), catalog._cache_key(  # pylint: disable=protected-access
+      "openapi", openapi.CATALOG_VERSION, 0, {}))
+  return path if os.path.isfile(os.path.join(path, "manifest.json")) else None
 
 
 @pytest.mark.skipif(_real_catalog() is None,

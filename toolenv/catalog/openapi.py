@@ -15,10 +15,15 @@ Each operation becomes one `Tool`:
   50,011 tools load in well under a second's worth of JSON;
 * response: the JSON schema of the first 2xx response;
 * effect: ``read`` for GET/HEAD/OPTIONS, ``write`` otherwise;
-* meta: ``method``, ``path``, ``kind`` (list/get/create/update/delete/action),
-  ``spec``, ``resource`` and ``path_params`` (hints for the value-flow task
-  generator: a ``list`` operation's item ``id`` feeds the ``get`` operation of
-  the same ``resource``).
+* meta: ``method``, ``path``, ``spec``, ``param_in`` and the value-flow keys
+  of `toolenv.catalog.valueflow` (same as the procedural catalog): ``kind``
+  (list/search/get/create/update/delete/other), ``entity``, ``id_field``,
+  ``produces`` {response path: tag}, ``consumes`` {param: tag}, with tags
+  ``"<provider>/<resource>_id"`` (``GET /pets`` produces ``[].id`` and
+  ``GET /pets/{petId}`` consumes ``petId``, both ``petstore/pet_id``).
+
+    python -m toolenv.catalog.build openapi      # once (~4 min), then
+    toolenv.load_catalog("openapi")              # 50,011 tools, lazy store
 """
 
 from __future__ import annotations
