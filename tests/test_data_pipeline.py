@@ -110,7 +110,9 @@ def test_build_and_read_back(source, tmp_path, capsys, name, prefix):
     # train: i=2,5,7 fail; kinds i%3 -> single {0,3,6,9}: 4/4 kept,
     # parallel {1,4,7,10}: 3/4, chain {2,5,8,11}: 2/4. 9 kept, 18 turns,
     # calls 1+i%2 over kept i -> 0,1,3,4,6,8,9,10,11 -> 5*1 + 4*2 = 13.
-    assert ("demonstrations[train]: 12 records, kept 9; kept fraction per "
+    # Per kind 4 tasks attempted in tasks_train.jsonl, the same kept counts.
+    assert ("demonstrations[train]: 12 records, kept 9; kept fraction (of "
+            "tasks) per "
             "kind: chain=0.50, parallel=0.75, single=1.00; mean turns 2.00;"
             f" calls per step {13 / 18:.2f}") in out
   else:
@@ -130,6 +132,19 @@ def test_rebuilds_when_source_changes(tmp_path):
   again = tfds_builders.build_dataset("tasks", str(src), out)
   assert [r["id"] for r in tfds_builders.load_records(again, "train")] == [
       f"t-train-{i}" for i in range(4)]
+
+
+def test_kept_fraction_against_attempted_tasks(tmp_path, capsys):
+  # The producer wrote only successes; 2 of 3 "single" tasks were kept.
+  for split in ("train", "test"):
+    _write(tmp_path / f"demonstrations_{split}.jsonl",
+           [_demo(split, i) for i in (0, 3)])
+    _write(tmp_path / f"tasks_{split}.jsonl",
+           [_task(split, i) for i in (0, 3, 6, 1)])
+  tfds_builders.build_dataset("demonstrations", str(tmp_path),
+                              str(tmp_path / "tfds"))
+  assert ("kept fraction (of tasks) per kind: parallel=0.00, single=0.67;"
+          in capsys.readouterr().out)
 
 
 def test_unknown_dataset_and_missing_source(tmp_path):

@@ -109,14 +109,16 @@ class _JsonlBuilder(tfds.core.GeneratorBasedBuilder):
       if not os.path.exists(path):
         raise FileNotFoundError(f"{self.name}: missing {path}")
       records = list(read_jsonl(path))
-      self.build_stats[split] = self.statistics(records)
+      self.build_stats[split] = self.statistics(records, split)
       print(format_statistics(self.name, split, self.build_stats[split]),
             flush=True)
       out[split] = self._generate_examples(records)
     return out
 
-  def statistics(self, records: list[dict[str, Any]]) -> dict[str, Any]:
+  def statistics(self, records: list[dict[str, Any]], split: str
+                 ) -> dict[str, Any]:
     """Per-split numbers printed at build time."""
+    del split
     kinds = collections.Counter(r.get("kind", "") for r in records)
     return {"count": len(records), "per_kind": dict(sorted(kinds.items()))}
 
@@ -165,19 +167,29 @@ class Demonstrations(_JsonlBuilder):
             "strategy": t(), "messages_json": t(), "roles_json": t(),
             "success": np.bool_, "turns": np.int32, "calls": np.int32}))
 
-  def statistics(self, records):
-    """Kept fraction per kind (by ``success``), mean turns, calls per step."""
+  def statistics(self, records, split):
+    """Kept fraction per kind, mean turns, calls per step.
+
+    The producer may write only successful demonstrations; when
+    ``tasks_<split>.jsonl`` (every task attempted) sits next to them, the
+    kept fraction of a kind is kept demonstrations over attempted tasks,
+    otherwise successful over all records.
+    """
     per_kind = collections.defaultdict(lambda: [0, 0])
-    for r in records:
-      per_kind[r.get("kind", "")][0] += 1
-      per_kind[r.get("kind", "")][1] += int(bool(r.get("success", True)))
     kept = [r for r in records if self._keep(r)]
+    tasks = os.path.join(self._source_dir, f"tasks_{split}.jsonl")
+    attempted = list(read_jsonl(tasks)) if os.path.exists(tasks) else records
+    for r in attempted:
+      per_kind[r.get("kind", "")][0] += 1
+    for r in kept:
+      per_kind[r.get("kind", "")][1] += 1
     turns = sum(int(r.get("turns", 0)) for r in kept)
     calls = sum(int(r.get("calls", 0)) for r in kept)
     return {
         "count": len(records), "kept": len(kept),
         "kept_fraction_per_kind": {
-            k: v[1] / v[0] for k, v in sorted(per_kind.items())},
+            k: v[1] / max(v[0], 1) for k, v in sorted(per_kind.items())},
+        "kept_of": "tasks" if attempted is not records else "records",
         "mean_turns": turns / len(kept) if kept else 0.0,
         # Steps are assistant turns, so this is calls per step overall.
         "calls_per_step": calls / turns if turns else 0.0,
@@ -208,7 +220,8 @@ def format_statistics(name: str, split: str, stats: dict[str, Any]) -> str:
     return f"{head} ({kinds})"
   kinds = ", ".join(f"{k}={v:.2f}" for k, v in
                     stats["kept_fraction_per_kind"].items())
-  return (f"{head}, kept {stats['kept']}; kept fraction per kind: {kinds}; "
+  return (f"{head}, kept {stats['kept']}; kept fraction (of "
+          f"{stats['kept_of']}) per kind: {kinds}; "
           f"mean turns {stats['mean_turns']:.2f}; calls per step "
           f"{stats['calls_per_step']:.2f}")
 
