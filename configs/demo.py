@@ -47,7 +47,26 @@ def get_config(arg=None):
   c.eval_every = 200
   c.ckpt_every = 200
 
+  # RL (stage "rl"): at most ~15 minutes on this CPU on top of SFT.
+  c.rl.iterations = 12
+  c.rl.tasks_per_iter = 8
+  c.rl.group_size = 4
+  c.rl.temperature = 1.0
+  c.rl.max_turns = 8
+  c.rl.max_turn_tokens = 160
+  c.rl.max_len = 1536
+  c.rl.eval_every = 6
+  c.rl.eval_tasks = 200
+
   if a.runlocal:
+    c.rl.iterations = 2
+    c.rl.tasks_per_iter = 4
+    c.rl.group_size = 2
+    c.rl.max_turns = 3
+    c.rl.max_turn_tokens = 24
+    c.rl.max_len = 768
+    c.rl.eval_every = 0
+    c.rl.eval_tasks = 4
     c.model.preset = "tiny"
     c.data.num_tasks = 64
     c.batch_size = 4

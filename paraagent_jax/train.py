@@ -386,7 +386,7 @@ def run_pipeline(config, workdir: str) -> dict:
     done = os.path.join(sub, DONE_FILE)
     stage_cfg = ml_collections.ConfigDict(config.to_dict())
     stage_cfg.stage = stage
-    if stage == "sft" and "data_dir" in stage_cfg.data and not (
+    if stage in ("sft", "rl") and "data_dir" in stage_cfg.data and not (
         stage_cfg.data.data_dir) and "demos" in config.pipeline.stages:
       stage_cfg.data.data_dir = os.path.join(workdir, "demos")
     if stage == "rl" and previous == "sft":
