@@ -165,8 +165,9 @@ def shard_model(model: nnx.Module, mesh, rules=None) -> nnx.Module:
   rules = as_rules(rules)
   state = nnx.state(model)
   shardings = param_shardings(state, mesh, rules)
-  placed = jax.tree.map(lambda v, s: v.replace(jax.device_put(v[...], s[...])),
-                        state, shardings, is_leaf=_is_param)
+  # device_put maps the two trees leaf by leaf (indexing a Variable that holds
+  # a NamedSharding with [...] fails).
+  placed = jax.device_put(state, shardings)
   nnx.update(model, placed)
   set_sharding_ctx(model, mesh, rules)
   return model
