@@ -115,23 +115,24 @@ def test_tokenizer_chat_template_and_eval_in_card(workdir, tmp_path):
                                      tok.convert_tokens_to_ids("<|endoftext|>")]
 
 
-def test_cli_errors_are_one_line(workdir, tmp_path):
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
-  env.pop("XLA_FLAGS", None)
-  env["HF_HUB_OFFLINE"] = "1"
+def test_bad_workdir_and_step_are_refused(workdir, tmp_path):
+  with pytest.raises(export_hf.ExportError, match="no config.json"):
+    export_hf.export(str(tmp_path), str(tmp_path / "o"))
+  with pytest.raises(export_hf.ExportError, match="no checkpoint for step 999"):
+    export_hf.export(workdir, str(tmp_path / "o"), step=999)
 
-  def cli(*args):
-    return subprocess.run([sys.executable, "-m", "paraagent_jax.export_hf",
-                           *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=120)
-  p = cli(f"--workdir={tmp_path}", f"--out={tmp_path / 'o'}")
-  assert p.returncode != 0 and "no config.json" in p.stderr.strip().splitlines()[-1]
-  p = cli(f"--workdir={workdir}", "--step=999", f"--out={tmp_path / 'o'}")
-  assert "no checkpoint for step 999" in p.stderr.strip().splitlines()[-1]
-  p = cli(f"--workdir={workdir}", f"--out={tmp_path / 'o'}",
-          "--push_to_hub=someone/repo")
+
+def test_cli_push_to_hub_offline_is_one_line(workdir, tmp_path):
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT,
+             HF_HUB_OFFLINE="1")
+  env.pop("XLA_FLAGS", None)
+  p = subprocess.run([sys.executable, "-m", "paraagent_jax.export_hf",
+                      f"--workdir={workdir}", f"--out={tmp_path / 'o'}",
+                      "--push_to_hub=someone/repo"], cwd=ROOT, env=env,
+                     capture_output=True, text=True, timeout=120)
   assert p.returncode != 0
   last = p.stderr.strip().splitlines()[-1]
-  assert "push_to_hub=someone/repo failed" in last, p.stderr[-2000:]
+  assert last.startswith("paraagent_jax.export_hf: error: push_to_hub="
+                         "someone/repo failed"), p.stderr[-2000:]
   # The local export is kept even though the push failed.
   assert os.path.isfile(os.path.join(tmp_path, "o", "model.safetensors"))
