@@ -5,10 +5,13 @@ Same model config on both sides (the "demo" size: 4 layers, hidden 256, 4 heads,
 transformers model is saved and loaded through `hf_io.load_hf`), the same prompts,
 greedy decoding with early stopping disabled (no EOS, exactly `--new_tokens` per row).
 Compile time is measured on a warm-up call and reported apart; throughput is the
-best of `--repeats` timed calls (prefill + decode, host to host).
+best of `--repeats` timed calls (prefill + decode, host to host), the two sides'
+calls alternating so that outside load on the shared machine hits both alike.
+torch gets as many intra-op threads as the machine has cores (XLA CPU uses them
+all too); both sides compute in fp32.
 
   .venv/bin/python benchmarks/sampler_bench.py
-  .venv/bin/python benchmarks/sampler_bench.py --batches=8,32 --repeats=3
+  .venv/bin/python benchmarks/sampler_bench.py --batches=8,32 --repeats=5
 """
 
 import argparse
@@ -43,43 +46,59 @@ def _hf_model(seed: int) -> transformers.Qwen3ForCausalLM:
   return transformers.Qwen3ForCausalLM(config).eval()
 
 
-def _time_hf(hf, prompts: np.ndarray, new_tokens: int, repeats: int):
-  """Best wall time of transformers greedy generate, and its generated tokens."""
+def _hf_runner(hf, prompts: np.ndarray, new_tokens: int):
+  """A warmed-up call of transformers greedy generate; returns its new tokens."""
   ids = torch.tensor(prompts)
   kwargs = dict(attention_mask=torch.ones_like(ids), do_sample=False,
                 max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                 pad_token_id=0, eos_token_id=None, use_cache=True)
+
+  def run():
+    with torch.no_grad():
+      out = hf.generate(ids, **kwargs)
+    return out[:, prompts.shape[1]:].numpy()
+
   with torch.no_grad():
     hf.generate(ids, **{**kwargs, "max_new_tokens": 4, "min_new_tokens": 4})
-    best, out = float("inf"), None
-    for _ in range(repeats):
-      start = time.perf_counter()
-      out = hf.generate(ids, **kwargs)
-      best = min(best, time.perf_counter() - start)
-  return best, out[:, prompts.shape[1]:].numpy()
+  return run
 
 
-def _time_ours(model, prompts: np.ndarray, new_tokens: int, repeats: int):
-  """Compile time, best wall time and tokens of our sampler (prefill + decode)."""
+def _our_runner(model, prompts: np.ndarray, new_tokens: int):
+  """Our sampler (prefill + decode), compiled by a first call.
+
+  Returns (run, compile seconds, first-call seconds); `run` returns the tokens as
+  numpy, so the device work is finished when it returns.
+  """
   batch, plen = prompts.shape
   sampler = sampling.Sampler(model, batch, plen + new_tokens)
   rows = prompts.tolist()
+  last = {}
 
   def run():
-    state = sampler.prefill(rows)
-    return sampler.generate(state, new_tokens)
+    out = sampler.generate(sampler.prefill(rows), new_tokens)
+    last["stats"] = out.state.stats
+    return out.tokens
 
   start = time.perf_counter()
-  out = run()
+  run()
   first = time.perf_counter() - start
-  compile_s = out.state.stats.compile_seconds
-  best = float("inf")
+  return run, last["stats"].compile_seconds, first, last
+
+
+def _best_interleaved(runners, repeats: int):
+  """Best wall time of each runner, alternating them so both see the same load.
+
+  The machine is shared: timing all calls of one side and then all of the other
+  lets a burst of outside load land on one side only.
+  """
+  best = [float("inf")] * len(runners)
+  outs = [None] * len(runners)
   for _ in range(repeats):
-    start = time.perf_counter()
-    out = run()  # returns numpy arrays: the device work is finished
-    best = min(best, time.perf_counter() - start)
-  assert out.state.stats.compilations == 0, "timed calls recompiled"
-  return compile_s, first, best, out.tokens
+    for i, run in enumerate(runners):
+      start = time.perf_counter()
+      outs[i] = run()
+      best[i] = min(best[i], time.perf_counter() - start)
+  return best, outs
 
 
 def main(argv=None) -> None:
@@ -88,7 +107,7 @@ def main(argv=None) -> None:
   parser.add_argument("--batches", default="8,32")
   parser.add_argument("--prompt_len", type=int, default=64)
   parser.add_argument("--new_tokens", type=int, default=128)
-  parser.add_argument("--repeats", type=int, default=2)
+  parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--threads", type=int, default=os.cpu_count(),
                       help="torch intra-op threads (JAX uses all cores)")
   parser.add_argument("--seed", type=int, default=0)
@@ -113,9 +132,12 @@ def main(argv=None) -> None:
   rs = np.random.RandomState(args.seed)
   for batch in [int(b) for b in args.batches.split(",")]:
     prompts = rs.randint(0, 4096, (batch, args.prompt_len)).astype(np.int64)
-    hf_s, hf_tok = _time_hf(hf, prompts, args.new_tokens, args.repeats)
-    compile_s, first_s, ours_s, our_tok = _time_ours(
-        model, prompts, args.new_tokens, args.repeats)
+    hf_run = _hf_runner(hf, prompts, args.new_tokens)
+    our_run, compile_s, first_s, last = _our_runner(model, prompts,
+                                                    args.new_tokens)
+    (hf_s, ours_s), (hf_tok, our_tok) = _best_interleaved(
+        [hf_run, our_run], args.repeats)
+    assert last["stats"].compilations == 0, "timed calls recompiled"
     n = batch * args.new_tokens
     agree = float((hf_tok == our_tok).mean())
     rows.append((batch, n / hf_s, n / ours_s, hf_s / ours_s, compile_s,
