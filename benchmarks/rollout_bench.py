@@ -13,6 +13,8 @@ The first model rollout compiles the sampler's programs; it is reported apart
 
   .venv/bin/python benchmarks/rollout_bench.py
   .venv/bin/python benchmarks/rollout_bench.py --batch=32 --turn_tokens=32 --repeats=2
+  .venv/bin/python benchmarks/rollout_bench.py --oracle_tasks=200   # acceptance check:
+      oracle success per strategy, split and task kind through the text path
 """
 
 import argparse
@@ -57,6 +59,26 @@ def _row(name, res, n_ep):
           f"{total:>7.2f}s")
 
 
+def oracle_check(n: int) -> None:
+  """Oracle success on ``n`` tasks per split under every strategy (text path)."""
+  catalog = procedural.build_catalog(seed=0, size=3000)
+  gen = toolenv.TaskGenerator(catalog, seed=0)
+  tok = _tokenizer(gen, catalog, 1024)
+  config = rollout.RolloutConfig(max_turns=16, max_len=16384, max_obs_tokens=2000)
+  for strat in toolenv.oracle.STRATEGIES:
+    fmt = chat_format.ChatFormat(tok, strat)
+    for split in ("train", "test"):
+      tasks = gen.generate(n, split)
+      env = toolenv.VectorToolEnv(catalog, len(tasks), **toolenv.oracle.env_options(strat))
+      res = rollout.run_rollout(policies.OraclePolicy(fmt, strat), env, tasks, fmt, config)
+      kinds: dict[str, list[bool]] = {}
+      for e in res.episodes:
+        kinds.setdefault(e["kind"], []).append(e["success"])
+      print(f"{strat:<13} {split:<5} success {sum(e['success'] for e in res.episodes)}/{n} "
+            + " ".join(f"{k}:{sum(v)}/{len(v)}" for k, v in kinds.items())
+            + f" parse_errors {sum(e['parse_errors'] for e in res.episodes)}")
+
+
 def main():
   ap = argparse.ArgumentParser()
   ap.add_argument("--batch", type=int, default=32)
@@ -67,7 +89,12 @@ def main():
   ap.add_argument("--max_len", type=int, default=1024)
   ap.add_argument("--obs_tokens", type=int, default=128)
   ap.add_argument("--repeats", type=int, default=1)
+  ap.add_argument("--oracle_tasks", type=int, default=0,
+                  help="if > 0: only run the oracle success check on this many tasks")
   args = ap.parse_args()
+  if args.oracle_tasks > 0:
+    oracle_check(args.oracle_tasks)
+    return
 
   catalog = procedural.build_catalog(seed=0, size=3000)
   gen = toolenv.TaskGenerator(catalog, seed=0)
