@@ -78,16 +78,6 @@ class ToolEnv:
     return (f"Task: {task.instruction}\n"
             f"(You have at most {task.max_turns} turns.)")
 
-  def _ready(self) -> set[str]:
-    return {i for i, n in self._nodes.items() if i not in self.completed
-            and all(d in self.completed for d in n["deps"])}
-
-  def _needed(self) -> set[str]:
-    """Unknown gold tools of open nodes whose need is apparent now."""
-    ready = self._ready()
-    return {n["tool"] for i, n in self._nodes.items() if i not in self.completed
-            and (i in ready or not n["late"])} - self.known
-
   def step(self, step: Any) -> StepResult:
     """Runs one step; never raises on what the step contains."""
     if self.task is None:
@@ -139,10 +129,9 @@ class ToolEnv:
       info = {"step_reward": c.format, "phase": "answer", "statuses": [], "useful": 0}
       self._record("answer", info, set(), set())
       return "Answer received.", info
-    needed_before = self._needed()
     blocks, statuses, found, done_nodes = [], [], set(), set()
     for i, call in enumerate(step.calls):
-      text, status, f, n = self._call(step.phase, i, call, needed_before)
+      text, status, f, n = self._call(step.phase, i, call)
       blocks.append(f"[{i + 1}] {_short(getattr(call, 'name', None))}: {text[:MAX_OBS_CHARS]}")
       statuses.append(status)
       found |= f
@@ -153,7 +142,7 @@ class ToolEnv:
     self._record(step.phase, info, found, done_nodes)
     return "\n".join(blocks), info
 
-  def _call(self, phase: str, i: int, call: Any, needed: set[str]):
+  def _call(self, phase: str, i: int, call: Any):
     """One call: (observation text, status, gold tools found, nodes completed)."""
     if i >= MAX_CALLS_PER_STEP:
       return f"error: at most {MAX_CALLS_PER_STEP} calls per step", "error", set(), set()

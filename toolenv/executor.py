@@ -28,6 +28,7 @@ from toolenv.schema import Tool
 
 _INT_TYPES = ("integer",)
 MAX_ARG_CHARS = 2_000      # longer arguments are refused, not simulated
+_RECORD_CACHE = 200_000    # memoised base records per executor
 
 
 def canonical_json(obj: Any) -> str:
@@ -172,7 +173,9 @@ def validate(tool: Tool, arguments: Any) -> dict[str, Any] | None:
           isinstance(hi, (int, float)) and v > hi):
         return error("out_of_range", f"argument {k!r}={v} is outside "
                      f"[{lo}, {hi}]", tool.name)
-    if len(canonical_json(v)) > MAX_ARG_CHARS:
+    size = len(v) if isinstance(v, str) else (
+        0 if isinstance(v, (int, float)) else len(canonical_json(v)))
+    if size > MAX_ARG_CHARS:
       return error("too_long", f"argument {k!r} is longer than {MAX_ARG_CHARS} "
                    "characters", tool.name)
   return None
@@ -203,6 +206,7 @@ class Executor:
   def __init__(self, catalog, seed: int = 0):
     self.catalog = catalog
     self.seed = seed
+    self._records: dict[tuple[str, str], dict[str, Any]] = {}
 
   @staticmethod
   def new_state() -> dict[str, Any]:
@@ -217,10 +221,18 @@ class Executor:
       return None
     if not rid.startswith(meta["id_prefix"] + "-") and rid not in written:
       return None
-    schema = self._record_schema(tool)
-    d = _Draw(self.seed, tag, rid)
-    rec = {k: (rid if k == meta["id_field"] else _gen_scalar(v, d, k))
-           for k, v in schema.items()}
+    # The base record is a pure function of (seed, tag, id): memoised, since a
+    # GRPO group replays the same task and reads the same records many times.
+    base = self._records.get((tag, rid))
+    if base is None:
+      schema = self._record_schema(tool)
+      d = _Draw(self.seed, tag, rid)
+      base = {k: (rid if k == meta["id_field"] else _gen_scalar(v, d, k))
+              for k, v in schema.items()}
+      if len(self._records) >= _RECORD_CACHE:
+        self._records.clear()
+      self._records[(tag, rid)] = base
+    rec = dict(base)
     rec.update(written.get(rid) or {})
     return rec
 
