@@ -22,9 +22,13 @@ from absl import app
 from absl import flags
 from absl import logging
 
-_CONFIG = flags.DEFINE_string("config", "configs/evaluate.py", "Evaluation config "
-                              "(configs/evaluate.py[:key=value,...]).")
-_WORKDIR = flags.DEFINE_string("workdir", None, "Where records and reports go.")
+# --config and --workdir are train.py's flags (one absl flag namespace per
+# process); here --config defaults to configs/evaluate.py.
+from paraagent_jax import train as _train  # pylint: disable=g-bad-import-order,wrong-import-position
+
+_CONFIG = _train._CONFIG  # pylint: disable=protected-access
+_WORKDIR = _train._WORKDIR  # pylint: disable=protected-access
+DEFAULT_CONFIG = "configs/evaluate.py"
 _CHECKPOINT = flags.DEFINE_string("checkpoint", "", "Training workdir or HF dir "
                                   "to evaluate (sets policy=checkpoint).")
 _COMPARE = flags.DEFINE_list("compare", [], "Workdirs (or report.json files) to "
@@ -177,7 +181,7 @@ def main(argv) -> None:
       return
     if not _WORKDIR.value:
       sys.exit("paraagent_jax.evaluate: error: --workdir is required")
-    config = config_utils.load_config(_CONFIG.value)
+    config = config_utils.load_config(_CONFIG.value or DEFAULT_CONFIG)
     run(config, os.path.abspath(_WORKDIR.value), _CHECKPOINT.value)
   except (config_utils.ConfigError, ckpt_lib.CheckpointError, OSError) as e:
     sys.exit(f"paraagent_jax.evaluate: error: {' '.join(str(e).split())}")
