@@ -53,10 +53,23 @@ from paraagent_jax.models import qwen3
 from paraagent_jax.rl import sft_loss
 from paraagent_jax.rl import train_step as ts
 
-_CONFIG = flags.DEFINE_string(
-    "config", None, "Config file and overrides: configs/X.py[:key=value,...]")
-_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (checkpoints, "
-                               "metrics); rerun the same command to resume.")
+
+
+def _string_flag(name: str, help_text: str) -> flags.FlagHolder:
+  """Defines ``--name`` once per process.
+
+  ``python -m paraagent_jax.train`` runs this file as ``__main__``; the RL
+  stage and the other entry points import it again as ``paraagent_jax.train``,
+  which must reuse the flag rather than define it twice.
+  """
+  if name in flags.FLAGS:
+    return flags.FlagHolder(flags.FLAGS, flags.FLAGS[name])
+  return flags.DEFINE_string(name, None, help_text)
+
+
+_CONFIG = _string_flag("config", "Config file and overrides: configs/X.py[:key=value,...]")
+_WORKDIR = _string_flag("workdir", "Run directory (checkpoints, metrics); rerun the "
+                        "same command to resume.")
 
 DONE_FILE = "DONE.json"
 USER_ERRORS = (config_utils.ConfigError, ckpt_lib.CheckpointError,
