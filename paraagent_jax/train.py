@@ -370,15 +370,10 @@ def run_sft(config, workdir: str) -> dict[str, float]:
 
 def run_demos(config, workdir: str) -> dict:
   """Builds the demonstrations dataset into ``workdir`` (cold start)."""
-  try:
-    module = importlib.import_module("paraagent_jax.coldstart.build")
-  except ModuleNotFoundError as e:
-    if e.name not in ("paraagent_jax.coldstart.build",):
-      raise
-    raise NotImplementedError(
-        "stage=demos needs paraagent_jax.coldstart.build."
-        "build_demonstrations(config, out_dir), which has not landed yet")
-  return module.build_demonstrations(config, workdir)
+  # Imported here: the cold start pulls in ToolEnv's catalog, which SFT on
+  # synthetic data does not need.
+  from paraagent_jax.coldstart import build  # pylint: disable=g-import-not-at-top
+  return build.build_demonstrations(config, workdir)
 
 
 def run_pipeline(config, workdir: str) -> dict:
