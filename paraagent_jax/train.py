@@ -48,6 +48,7 @@ from paraagent_jax import checkpoint as ckpt_lib
 from paraagent_jax import config_utils
 from paraagent_jax import metrics as metrics_lib
 from paraagent_jax import rl_stage
+from paraagent_jax import sft_stage
 from paraagent_jax import sharding as shd
 from paraagent_jax.models import qwen3
 from paraagent_jax.rl import sft_loss
@@ -70,6 +71,18 @@ def _string_flag(name: str, help_text: str) -> flags.FlagHolder:
 _CONFIG = _string_flag("config", "Config file and overrides: configs/X.py[:key=value,...]")
 _WORKDIR = _string_flag("workdir", "Run directory (checkpoints, metrics); rerun the "
                         "same command to resume.")
+
+# Defined once per process, like _string_flag (the module is imported twice).
+_DRY_RUN = (flags.FlagHolder(flags.FLAGS, flags.FLAGS["dry_run"])
+            if "dry_run" in flags.FLAGS else flags.DEFINE_bool(
+                "dry_run", False, "Build the abstract state on a fake CPU "
+                "mesh, print memory per device and shardings, lower the "
+                "train and sample steps; allocates no weights "
+                "(paraagent_jax.dry_run). --workdir is not needed."))
+_FAKE_DEVICES = (flags.FlagHolder(flags.FLAGS, flags.FLAGS["fake_devices"])
+                 if "fake_devices" in flags.FLAGS else flags.DEFINE_integer(
+                     "fake_devices", 0, "With --dry_run: fake CPU devices "
+                     "(0 = as many as the config's mesh needs)."))
 
 DONE_FILE = "DONE.json"
 USER_ERRORS = (config_utils.ConfigError, ckpt_lib.CheckpointError,
@@ -230,6 +243,18 @@ def _load_init_weights(kind: str, path: str, abstract, shardings, model_cfg):
   return jax.device_put(state, shardings)
 
 
+def abstract_train_state(mesh, optimizer, model_cfg):
+  """(graphdef, abstract state, its shardings, abstract opt state, its
+  shardings): shapes only, nothing allocated (also the dry run's state)."""
+  rules = shd.as_rules(None)
+  graphdef, abstract, shardings = abstract_model(model_cfg, mesh, rules)
+  params_abs, _ = ts.split_params(abstract)
+  params_sh, _ = ts.split_params(shardings)
+  opt_sh = ts.opt_state_sharding(optimizer, params_abs, params_sh, mesh)
+  opt_abs = jax.eval_shape(optimizer.init, params_abs)
+  return graphdef, abstract, shardings, opt_abs, opt_sh
+
+
 def build_train_state(config, mesh, optimizer, model_cfg,
                       workdir: str) -> TrainState:
   """Resumes from ``workdir``, else initialises (init_from or scratch).
@@ -238,12 +263,8 @@ def build_train_state(config, mesh, optimizer, model_cfg,
   parameters' logical axes (`paraagent_jax.sharding`); fresh parameters are
   created by a jitted init directly in their shardings.
   """
-  rules = shd.as_rules(None)
-  graphdef, abstract, shardings = abstract_model(model_cfg, mesh, rules)
-  params_abs, _ = ts.split_params(abstract)
-  params_sh, _ = ts.split_params(shardings)
-  opt_sh = ts.opt_state_sharding(optimizer, params_abs, params_sh, mesh)
-  opt_abs = jax.eval_shape(optimizer.init, params_abs)
+  graphdef, abstract, shardings, opt_abs, opt_sh = abstract_train_state(
+      mesh, optimizer, model_cfg)
   checkpointer = ckpt_lib.Checkpointer(
       workdir, every_steps=config.ckpt_every, keep=config.keep_ckpts or None,
       async_save=config.async_ckpt)
@@ -310,6 +331,7 @@ def run_sft(config, workdir: str) -> dict[str, float]:
   check_init_from(config.init_from)  # Fail before any compilation.
   mesh = make_mesh(config)
   check_batch_divides(config, mesh)
+  sft_stage.ensure_demonstrations(config, workdir)
   data = make_sft_data(config, "train")
   model_cfg = model_config(config, vocab_size=data.vocab_size)
   if data.vocab_size > model_cfg.vocab_size:
@@ -365,6 +387,9 @@ def run_sft(config, workdir: str) -> dict[str, float]:
   if last:
     print(f"sft: done at step {t.step}, loss {last.get('loss', float('nan')):.6f}"
           f", {last.get('tokens_per_sec', 0.0):.0f} tokens/s", flush=True)
+  if config.get("sft_eval_tasks", 0):
+    last.update({f"eval/{k}": v for k, v in sft_stage.greedy_eval(
+        config, workdir, t.graphdef, t.state).items()})
   return last
 
 
@@ -437,6 +462,9 @@ def main(argv) -> None:
   if not flags.FLAGS["verbosity"].present:
     # Orbax logs every file it writes at INFO; keep the console readable.
     logging.set_verbosity(logging.WARNING)
+  if _DRY_RUN.value:
+    from paraagent_jax import dry_run  # pylint: disable=g-import-not-at-top
+    sys.exit(dry_run.main(_CONFIG.value, _FAKE_DEVICES.value))
   if not _CONFIG.value or not _WORKDIR.value:
     sys.exit("paraagent_jax.train: error: --config and --workdir are required")
   try:

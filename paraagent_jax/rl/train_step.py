@@ -283,7 +283,9 @@ def build_train_step(model_graphdef, optimizer: optax.GradientTransformation,
   replicated = NamedSharding(mesh, P())
   cache = {}
 
-  def step_fn(state, opt_state, batch, rng, ref_state=None):
+  def jitted(state, opt_state, batch, ref_state=None):
+    """The jitted step for these arguments; abstract ones (ShapeDtypeStruct
+    with shardings) work too, so ``jitted(...).lower(...)`` is a dry run."""
     # One compiled step per batch structure (e.g. with/without ref_logprobs).
     key = (ref_state is None, jax.tree.structure(batch))
     if key not in cache:
@@ -297,8 +299,13 @@ def build_train_step(model_graphdef, optimizer: optax.GradientTransformation,
           step, in_shardings=in_sh,
           out_shardings=(in_sh[0], in_sh[1], replicated),
           donate_argnums=(0, 1))
-    return cache[key](state, opt_state, batch, rng, ref_state)
+    return cache[key]
 
+  def step_fn(state, opt_state, batch, rng, ref_state=None):
+    return jitted(state, opt_state, batch, ref_state)(
+        state, opt_state, batch, rng, ref_state)
+
+  step_fn.jitted = jitted  # For `paraagent_jax.dry_run` (lowering only).
   return step_fn
 
 

@@ -1,0 +1,417 @@
+r"""Dry run of a training config on a fake CPU mesh: memory and shardings.
+
+  python -m paraagent_jax.train --config=configs/paraagent_4b.py --dry_run \
+      --fake_devices=64
+  python -m paraagent_jax.train \
+      --config=configs/paraagent_4b.py:slice=v6e-64 --dry_run --fake_devices=64
+
+Before any JAX backend use, JAX is made to see N CPU devices
+(``jax_num_cpu_devices``; ``XLA_FLAGS=--xla_force_host_platform_device_count``
+on JAX versions without it). Then, with the trainer's own builders
+(`paraagent_jax.train.model_config`, `abstract_train_state`, the SFT and
+GRPO steps of `paraagent_jax.rl`, and the sampler's jitted prefill/decode of
+`paraagent_jax.sampling`):
+
+1. the config's mesh is built (the slice's mesh shape; a slice with fewer
+   chips than fake devices uses the first ones);
+2. the model and optimizer state are built abstractly (``jax.eval_shape``:
+   shapes and shardings, no weights), and the rollout KV cache's sharding is
+   read from the compiled ``init_cache``;
+3. the SFT step, the RL (GRPO) step, the sampler's prefill chunk and its
+   decode loop are lowered with abstract arguments and compiled for the CPU,
+   whose ``memory_analysis()`` gives each program's temporary buffers
+   (activations, logits, gradients);
+4. a per-device table of parameters, AdamW moments, KV cache and each
+   program's temporaries is printed, with the peak of each phase and a plain
+   verdict against v5p (95 GB HBM per chip) and v6e (32 GB).
+
+The temporaries are XLA:CPU's buffer assignment for the same partitioned
+program, an estimate of the TPU's (different fusions and layouts): read them
+as "the order of magnitude is right", not to the gigabyte.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Any, Callable
+
+GIB = 2 ** 30
+# HBM per chip, in 1e9 bytes, of the TPU generations the configs target.
+HBM_GB = {"v5p": 95, "v6e": 32}
+LARGE_ARRAY_BYTES = 2 ** 20   # arrays below 1 MiB (global) are not listed
+
+
+def set_fake_devices(n: int) -> None:
+  """Makes JAX see ``n`` CPU devices; call before any JAX backend use.
+
+  Raises:
+    RuntimeError: a backend is already initialised with another device count.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  from jax._src import xla_bridge  # pylint: disable=g-import-not-at-top
+  if xla_bridge.backends_are_initialized():
+    have = jax.devices()
+    if len(have) == n and have[0].platform == "cpu":
+      return  # E.g. under tests/conftest.py's 8 CPU devices.
+    raise RuntimeError(f"--fake_devices={n}: the JAX backend is already "
+                       f"initialised with {len(have)} {have[0].platform} "
+                       f"devices; set the devices before any JAX use")
+  # XLA:CPU's SPMD partitioner warns about every resharding it replicates;
+  # thousands of lines at 64 devices (set TF_CPP_MIN_LOG_LEVEL=0 to see them).
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  jax.config.update("jax_platforms", "cpu")
+  try:
+    jax.config.update("jax_num_cpu_devices", n)
+  except AttributeError:  # JAX older than 0.4.38: the XLA flag does it.
+    flag = f"--xla_force_host_platform_device_count={n}"
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}"
+
+
+# ----------------------------------------------------------------------------
+# Abstract arrays and their bytes.
+# ----------------------------------------------------------------------------
+
+
+def sds(shape, dtype, sharding):
+  """A ShapeDtypeStruct with a sharding (an abstract jit argument)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  return jax.ShapeDtypeStruct(tuple(shape), dtype, sharding=sharding)
+
+
+def bytes_per_device(x) -> int:
+  """Bytes of one device's shard of an abstract (or concrete) array."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  shape = tuple(x.shape)
+  shard = x.sharding.shard_shape(shape) if shape else ()
+  return int(np.prod(shard, dtype=np.int64)) * np.dtype(x.dtype).itemsize
+
+
+def tree_bytes_per_device(tree) -> int:
+  """Sum of `bytes_per_device` over a pytree's leaves."""
+  import jax  # pylint: disable=g-import-not-at-top
+  return sum(bytes_per_device(x) for x in jax.tree.leaves(tree))
+
+
+def large_arrays(name: str, tree, min_bytes: int = LARGE_ARRAY_BYTES):
+  """(path, shape, dtype, PartitionSpec, bytes/device) of the large leaves."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  rows = []
+  for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    total = int(np.prod(x.shape, dtype=np.int64)) * np.dtype(x.dtype).itemsize
+    if total < min_bytes:
+      continue
+    rows.append((name + jax.tree_util.keystr(path), tuple(x.shape),
+                 str(np.dtype(x.dtype)), x.sharding.spec, bytes_per_device(x)))
+  return rows
+
+
+# ----------------------------------------------------------------------------
+# The programs a run compiles, with abstract arguments.
+# ----------------------------------------------------------------------------
+
+
+def sft_batch(config, mesh):
+  """The abstract SFT batch: [batch_size, seq_len], rows over data x fsdp."""
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from paraagent_jax.rl import train_step as ts  # pylint: disable=g-import-not-at-top
+  shape = (config.batch_size, config.seq_len)
+  dtypes = {"tokens": jnp.int32, "loss_mask": jnp.float32,
+            "attention_mask": jnp.int32}
+  sh = ts.data_sharding(dtypes, mesh)
+  return {k: sds(shape, d, sh[k]) for k, d in dtypes.items()}
+
+
+def rl_batch(config, mesh):
+  """The abstract `TrajectoryBatch` of one RL iteration, as the rollout packs it.
+
+  B = tasks_per_iter x group_size episodes of max_len tokens; S = P =
+  max_turns (`paraact.rollout`'s default); no ``ref_logprobs`` (the rollout
+  does not compute them).
+  """
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from paraagent_jax.rl import batch as batch_lib  # pylint: disable=g-import-not-at-top
+  from paraagent_jax.rl import train_step as ts  # pylint: disable=g-import-not-at-top
+  rl = config.rl
+  b, t, s = rl.tasks_per_iter * rl.group_size, rl.max_len, rl.max_turns
+  f32, i32 = jnp.float32, jnp.int32
+  fields = {
+      "tokens": ((b, t), i32), "loss_mask": ((b, t), f32),
+      "old_logprobs": ((b, t), f32), "step_id": ((b, t), i32),
+      "phase_id": ((b, t), i32), "token_kind": ((b, t), i32),
+      "attention_mask": ((b, t), i32), "seq_len": ((b,), i32),
+      "step_reward": ((b, s), f32), "step_mask": ((b, s), f32),
+      "step_phase_type": ((b, s), i32), "phase_reward": ((b, s), f32),
+      "phase_mask": ((b, s), f32), "phase_type": ((b, s), i32),
+      "traj_reward": ((b,), f32), "group_id": ((b,), i32),
+      "truncated": ((b,), jnp.bool_)}
+  sh = ts.data_sharding({k: 0 for k in fields}, mesh)
+  return batch_lib.TrajectoryBatch(
+      **{k: sds(shape, d, sh[k]) for k, (shape, d) in fields.items()})
+
+
+def grpo_config(config) -> dict:
+  """``config.rl.grpo`` as the RL stage hands it to `grpo.make_train_step`."""
+  gcfg = dict(config.rl.grpo.to_dict())
+  levels = gcfg.get("levels", "traj,phase,step")
+  if isinstance(levels, str):
+    levels = tuple(s.strip() for s in levels.split(",") if s.strip())
+  gcfg["levels"] = tuple(levels)
+  gcfg["num_micro_batches"] = config.num_micro_batches
+  return gcfg
+
+
+def compiled_stats(lowered, do_compile: bool) -> dict[str, Any]:
+  """Compile time and per-device buffer sizes of a lowered program."""
+  if not do_compile:
+    return {}
+  start = time.perf_counter()
+  compiled = lowered.compile()
+  out = {"compile_s": time.perf_counter() - start}
+  mem = compiled.memory_analysis()
+  if mem is not None:
+    out.update(args=mem.argument_size_in_bytes, out=mem.output_size_in_bytes,
+               alias=mem.alias_size_in_bytes, temp=mem.temp_size_in_bytes)
+  return out
+
+
+# ----------------------------------------------------------------------------
+# The dry run.
+# ----------------------------------------------------------------------------
+
+
+def _mesh_for(config, num_devices: int):
+  """The config's mesh over the first devices it needs."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from paraagent_jax import config_utils  # pylint: disable=g-import-not-at-top
+  from paraagent_jax import sharding as shd  # pylint: disable=g-import-not-at-top
+  sizes = dict(config.mesh)
+  need = (math.prod(int(v) for v in sizes.values())
+          if -1 not in sizes.values() else num_devices)
+  devices = jax.devices()
+  if need > len(devices):
+    raise config_utils.ConfigError(
+        f"mesh {sizes} needs {need} devices; --fake_devices={len(devices)}")
+  try:
+    return shd.make_mesh(sizes, devices=devices[:need])
+  except ValueError as e:
+    raise config_utils.ConfigError(f"mesh: {e}") from None
+
+
+def run_dry(config, *, do_compile: bool = True,
+            out: Callable[[str], None] = print) -> dict[str, Any]:
+  """Builds, lowers (and compiles) a config's programs; prints the tables.
+
+  Args:
+    config: a training config (`paraagent_jax.config_utils.train_defaults`).
+    do_compile: compile each program for its buffer sizes (else lower only).
+    out: where lines go.
+
+  Returns:
+    Bytes per device: ``params``, ``opt_state``, ``kv_cache``, the programs'
+    stats under ``programs`` (``sft``, ``rl``, ``prefill``, ``decode``), the
+    phase peaks under ``peaks``, ``errors`` and the listed ``arrays``.
+  """
+  # pylint: disable=g-import-not-at-top
+  import jax
+  import jax.numpy as jnp
+  import ml_collections
+  from flax import nnx
+  from jax.sharding import NamedSharding, PartitionSpec
+  from paraagent_jax import checkpoint as ckpt_lib
+  from paraagent_jax import sampling
+  from paraagent_jax import train as train_lib
+  from paraagent_jax.rl import grpo
+  from paraagent_jax.rl import sft_loss
+  from paraagent_jax.rl import train_step as ts
+  # pylint: enable=g-import-not-at-top
+  config = ml_collections.ConfigDict(config.to_dict())
+  if config.init_from and not (os.path.isdir(config.init_from)
+                               and train_lib.is_hf_dir(config.init_from)):
+    out(f"dry run: init_from={config.init_from} is not an HF directory here; "
+        f"the architecture comes from the preset {config.model.preset}")
+    config.init_from = ""
+  model_cfg = train_lib.model_config(config)
+  mesh = _mesh_for(config, len(jax.devices()))
+  optimizer = ts.make_optimizer(train_lib.optimizer_config(config))
+  graphdef, abstract, shardings, opt_abs, opt_sh = (
+      train_lib.abstract_train_state(mesh, optimizer, model_cfg))
+  state = ckpt_lib.with_shardings(abstract, shardings)
+  opt_state = ckpt_lib.with_shardings(opt_abs, opt_sh)
+  replicated = NamedSharding(mesh, PartitionSpec())
+  rng = sds((2,), jnp.uint32, replicated)    # jax.random.PRNGKey
+  n_params = sum(math.prod(x.shape) for x in jax.tree.leaves(state))
+  out(f"dry run: {config.model.preset} ({n_params / 1e9:.2f}B parameters, "
+      f"{model_cfg.param_dtype} weights, {model_cfg.dtype} compute, remat "
+      f"{model_cfg.remat}) on mesh {dict(mesh.shape)} of {mesh.size} fake CPU "
+      f"devices")
+  report: dict[str, Any] = {
+      "params": tree_bytes_per_device(state),
+      "opt_state": tree_bytes_per_device(opt_state), "programs": {},
+      "errors": {}, "mesh": dict(mesh.shape), "num_params": n_params}
+
+  def lower(name, fn):
+    start = time.perf_counter()
+    try:
+      lowered = fn()
+    except (ValueError, TypeError) as e:
+      report["errors"][name] = " ".join(str(e).split())
+      out(f"  {name:8} FAILS to lower: {report['errors'][name]}")
+      return
+    stats = {"lower_s": time.perf_counter() - start}
+    stats.update(compiled_stats(lowered, do_compile))
+    report["programs"][name] = stats
+    extra = (f", compiled in {stats['compile_s']:.1f}s, temp "
+             f"{stats.get('temp', 0) / GIB:.2f} GiB/device"
+             if "compile_s" in stats else "")
+    out(f"  {name:8} lowered in {stats['lower_s']:.1f}s{extra}")
+
+  out("programs:")
+  # SFT: the step run_sft builds (make_sft_train_step over the same loss).
+  train_lib.check_batch_divides(config, mesh)
+  sft = ts.build_train_step(graphdef, optimizer, sft_loss.SFT_LOSS_FNS, mesh,
+                            num_micro_batches=config.num_micro_batches)
+  batch = sft_batch(config, mesh)
+  lower("sft", lambda: sft.jitted(state, opt_state, batch).lower(
+      state, opt_state, batch, rng, None))
+
+  # RL: the step run_rl builds, called as it calls it (no reference state).
+  rl_step = grpo.make_train_step(graphdef, optimizer, grpo_config(config), mesh)
+  tbatch = rl_batch(config, mesh)
+  lower("rl", lambda: rl_step.jitted(state, opt_state, tbatch).lower(
+      state, opt_state, tbatch, rng, None))
+  if "rl" in report["errors"] and config.rl.grpo.beta > 0:
+    # The KL term needs a reference policy: measure with a frozen copy.
+    lower("rl+ref", lambda: rl_step.jitted(state, opt_state, tbatch, state)
+          .lower(state, opt_state, tbatch, rng, state))
+
+  # Sampling: the rollout's Sampler (as JaxPolicy builds it) over all
+  # episodes of an iteration, worst case: the whole cache attended to.
+  rl = config.rl
+  rows = rl.tasks_per_iter * rl.group_size
+  model = nnx.merge(graphdef, state)
+  sampler = sampling.Sampler(model, rows, rl.max_len, min_chunk=32,
+                             max_chunk=512)
+  cache_fn = jax.jit(lambda: model.init_cache(rows, rl.max_len))
+  cache_compiled = cache_fn.lower().compile()
+  cache = jax.tree.map(lambda a, s: sds(a.shape, a.dtype, s),
+                       jax.eval_shape(cache_fn), cache_compiled.output_shardings)
+  report["kv_cache"] = tree_bytes_per_device(cache)
+  logits = sds((rows, model_cfg.vocab_size), jnp.float32, replicated)
+  chunk = sampler.max_chunk
+  ids = sds((rows, chunk), jnp.int32, replicated)
+  per_row = sds((rows,), jnp.int32, replicated)
+  lower("prefill", lambda: sampling._APPEND_JIT.lower(  # pylint: disable=protected-access
+      graphdef, state, cache, logits, ids, per_row, window=rl.max_len))
+  n_buf = max(sampler.min_decode, 1 << max(0, rl.max_turn_tokens - 1).bit_length())
+  windows = tuple(sampler.windows)[-sampler.max_segments:]
+  key = jax.eval_shape(lambda: jax.random.key(0))
+  key = sds(key.shape, key.dtype, replicated)
+  stops = sds((2, 2), jnp.int32, replicated)
+  stop_mask = sds((2, 2), jnp.bool_, replicated)
+  scalar = sds((), jnp.float32, replicated)
+  lower("decode", lambda: sampling._DECODE_JIT.lower(  # pylint: disable=protected-access
+      graphdef, state, cache, logits, key, per_row, stops, stop_mask, scalar,
+      scalar, n_buf=n_buf, windows=windows, greedy=False, top_k=int(rl.top_k),
+      use_top_p=float(rl.top_p) < 1.0, pad_id=0))
+
+  report["arrays"] = (large_arrays("params", state)
+                      + large_arrays("adamw", opt_state)
+                      + large_arrays("kv_cache", cache)
+                      + large_arrays("sft_batch", batch)
+                      + large_arrays("rl_batch", tbatch))
+  print_arrays(report["arrays"], out)
+  report["peaks"] = phase_peaks(report)
+  print_table(report, config, out)
+  return report
+
+
+def phase_peaks(report) -> dict[str, int]:
+  """Bytes per device at the peak of each phase of a run.
+
+  SFT holds params + AdamW + the step's temporaries. The rollout adds the KV
+  cache and the sampler's temporaries. The RL step runs while the policy
+  still holds its sampler state (`paraact.policies.JaxPolicy` keeps the last
+  cache until the next rollout), so the cache counts there too.
+  """
+  base = report["params"] + report["opt_state"]
+  progs = report["programs"]
+  temp = lambda name: progs.get(name, {}).get("temp", 0)
+  peaks = {"sft": base + temp("sft"),
+           "rollout": base + report["kv_cache"] + max(temp("prefill"),
+                                                      temp("decode"))}
+  rl_name = "rl" if "rl" in progs else "rl+ref"
+  if rl_name in progs:
+    ref = report["params"] if rl_name == "rl+ref" else 0
+    peaks["rl_step"] = base + ref + report["kv_cache"] + temp(rl_name)
+  return peaks
+
+
+def print_arrays(rows, out) -> None:
+  """The sharding of every large array."""
+  out(f"large arrays (>= {LARGE_ARRAY_BYTES // 2 ** 20} MiB):")
+  out(f"  {'array':58} {'shape':28} {'dtype':8} {'PartitionSpec':34} "
+      f"{'MiB/device':>10}")
+  for path, shape, dtype, spec, nbytes in rows:
+    out(f"  {path[:58]:58} {str(shape):28} {dtype:8} {str(spec):34} "
+        f"{nbytes / 2 ** 20:10.1f}")
+
+
+def print_table(report, config, out) -> None:
+  """The per-device memory table and the HBM verdicts."""
+  gib = lambda b: f"{b / GIB:8.2f}"
+  progs = report["programs"]
+  out("memory per device (GiB):")
+  out(f"  params (fp32 master)      {gib(report['params'])}")
+  out(f"  AdamW state               {gib(report['opt_state'])}")
+  rl = config.rl
+  out(f"  KV cache                  {gib(report['kv_cache'])}   "
+      f"({rl.tasks_per_iter * rl.group_size} rollouts x {rl.max_len} slots)")
+  for name, stats in progs.items():
+    if "temp" in stats:
+      out(f"  {name + ' temporaries':25} {gib(stats['temp'])}   (XLA:CPU "
+          f"buffer assignment)")
+  for name, err in report["errors"].items():
+    out(f"  {name}: does not lower: {err}")
+  peaks = report["peaks"]
+  if not any("temp" in s for s in progs.values()):
+    out("  (not compiled: activations not counted)")
+  for name, b in peaks.items():
+    out(f"  peak {name:20} {gib(b)}")
+  worst = max(peaks, key=peaks.get)
+  slice_name = config.get("slice", "")
+  for chip, hbm in HBM_GB.items():
+    fits = peaks[worst] <= hbm * 1e9
+    mark = " (this config's slice)" if slice_name.startswith(chip) else ""
+    if fits:
+      out(f"  {chip} ({hbm} GB HBM){mark}: FITS, worst phase {worst} "
+          f"{peaks[worst] / 1e9:.1f} GB")
+    else:
+      over = [f"{k} {v / 1e9:.1f} GB" for k, v in peaks.items() if v > hbm * 1e9]
+      out(f"  {chip} ({hbm} GB HBM){mark}: does NOT fit: {', '.join(over)} "
+          f"> {hbm} GB")
+  if report["errors"]:
+    out("  the run would fail: " + "; ".join(report["errors"]))
+
+
+def main(config_spec: str | None, fake_devices: int = 0) -> int:
+  """``--dry_run`` entry point; returns the exit code (0 ok, 1 error)."""
+  import sys  # pylint: disable=g-import-not-at-top
+  from paraagent_jax import config_utils  # pylint: disable=g-import-not-at-top
+  if not config_spec:
+    print("paraagent_jax.train: error: --config is required", file=sys.stderr)
+    return 1
+  try:
+    config = config_utils.load_config(config_spec)
+    sizes = dict(config.mesh)
+    n = fake_devices or (math.prod(int(v) for v in sizes.values())
+                         if -1 not in sizes.values() else 8)
+    set_fake_devices(n)
+    report = run_dry(config)
+  except (config_utils.ConfigError, RuntimeError) as e:
+    print(f"paraagent_jax.train: error: {' '.join(str(e).split())}",
+          file=sys.stderr)
+    return 1
+  return 1 if report["errors"] else 0
