@@ -87,6 +87,15 @@ def _words(s: str) -> str:
 class TaskGenerator:
   """Draws tasks from a catalog's value flow, deterministically from ``seed``."""
 
+  def __new__(cls, catalog, seed: int = 0, executor: Executor | None = None):
+    # OpenAPI catalogs get their own generator (toolenv.tasks_openapi), same API.
+    del seed, executor
+    if cls is TaskGenerator:
+      from toolenv import tasks_openapi  # pylint: disable=g-import-not-at-top
+      if tasks_openapi.is_openapi_catalog(catalog):
+        return super().__new__(tasks_openapi.OpenAPITaskGenerator)
+    return super().__new__(cls)
+
   def __init__(self, catalog, seed: int = 0, executor: Executor | None = None):
     self.catalog = catalog
     self.seed = seed

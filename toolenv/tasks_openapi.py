@@ -1,0 +1,511 @@
+"""Task generation on the OpenAPI catalog (real operations, value flow by name).
+
+    cat = toolenv.load_catalog("openapi")
+    gen = toolenv.TaskGenerator(cat, seed=0)       # dispatches to this module
+    tasks = gen.generate(100, split="test", kinds=("chain", "fanout"))
+    gen.stats                                      # pools, pairs, exclusions
+
+The same five kinds as the procedural generator, drawn from real operations:
+
+    single    one operation with every required argument given
+    parallel  2..4 operations of different providers
+    chain     list/search/create -> get-by-id (-> a third call): the id field of
+              one response (``[].id``, ``items[].id``, ``id``) feeds the id
+              parameter of the next operation of the same provider
+    fanout    a list operation, then the get-by-id call for 2..3 of its items
+    mixed     a chain or fanout plus independent operations of other providers
+
+Pairs come from `toolenv.catalog.valueflow` (``meta["produces"]`` /
+``meta["consumes"]``, same tag, same JSON type). Argument values are drawn
+from the parameter's schema and name (enums, ids, dates, emails, limits...),
+so the simulator accepts them; instructions are rendered from the
+operation's summary and parameter names and state every value. The gold
+answer is resolved by running the gold DAG through the `Executor`
+(`TaskGenerator._finish`). Operations that cannot make solvable tasks are
+left out with a counted reason (``stats["excluded"]``): too many required
+arguments, required object arguments, binary bodies; operations whose
+response has no scalar field to ask about can still start a chain.
+Splits are by provider, as for the procedural catalog (`split_of`).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import random
+import re
+from typing import Any
+
+from toolenv.catalog import vocab
+from toolenv.catalog.valueflow import id_resource, singular
+from toolenv.executor import canonical_call, make_id
+from toolenv.schema import Tool
+from toolenv.tasks import SPLITS, WRITE_PROB, Task, TaskGenerator, _plural, _QUERY_WORDS
+
+MAX_REQUIRED = 6            # longer instructions read like forms, not requests
+MAX_FANOUT = 3              # the simulator returns 3 items per array
+CHAIN3_PROB = 0.35
+OPTIONAL_PROB = 0.25        # also set one optional enum parameter
+_SCALARS = ("string", "integer", "number")
+_BINARY_MEDIA = re.compile(r"octet-stream|image/|audio/|video/|zip|pdf|^\*/\*$|^$")
+_VERBS = frozenset(
+    "accept activate add analyze apply approve archive assign attach block book "
+    "calculate cancel change charge check clear close complete configure confirm "
+    "deactivate detach edit enumerate execute follow invoke like link pause pay "
+    "print purchase refund reject render reserve resume scan share sign tag "
+    "trigger unblock unfollow unlink "
+    "compute convert copy count create delete describe detect disable download "
+    "enable estimate export fetch find generate get import insert invite join "
+    "list lookup look mark merge modify move obtain patch post publish put "
+    "query read register remove rename replace report request reset resolve "
+    "restore retrieve return revoke run save search send set show start stop "
+    "submit subscribe suggest sync test track transfer translate unsubscribe "
+    "update upload upsert validate verify view".split())
+_GENERIC_KEYS = ("items", "data", "results", "value", "values", "records",
+                 "embedded", "content", "entries")
+
+
+def is_openapi_catalog(catalog) -> bool:
+  """Whether ``catalog`` holds OpenAPI operations (by name or first tool)."""
+  name = getattr(catalog, "name", "")
+  if name == "openapi":
+    return True
+  if name == "procedural" or not len(catalog):
+    return False
+  return catalog[0].source == "openapi"
+
+
+def words(name: str) -> str:
+  """``AuctionValuePPR`` / ``pet_id`` -> ``auction value ppr`` / ``pet id``."""
+  s = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", str(name))
+  s = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1 \2", s)
+  return re.sub(r"[^0-9A-Za-z]+", " ", s).strip().lower() or "value"
+
+
+def action_phrase(description: str) -> str:
+  """A verb phrase from an operation summary: ``Returns a pet`` -> ``return a pet``;
+  a noun phrase gets ``get the`` in front."""
+  first = re.split(r"(?<=[a-z0-9)])\.\s", description.strip(), maxsplit=1)[0]
+  first = first.rstrip(" .;:")
+  if len(first) > 110:
+    first = first[:110].rsplit(" ", 1)[0].rstrip(",;:") + "..."
+  head, _, rest = first.partition(" ")
+  low = head.lower()
+  base = low[:-1] if low.endswith("s") and low[:-1] in _VERBS else low
+  if low.endswith("ies") and low[:-3] + "y" in _VERBS:   # "Queries" -> query
+    base = low[:-3] + "y"
+  elif low.endswith("es") and low[:-2] in _VERBS:        # "Searches" -> search
+    base = low[:-2]
+  if base in _VERBS:
+    return f"{base} {rest}".strip()
+  if len(head) > 1 and head[1:2].islower():
+    first = head[0].lower() + head[1:] + (" " + rest if rest else "")
+  return f"get the {first}"
+
+
+def _iter_uncached(catalog):
+  """Every tool of ``catalog`` without keeping the decoded `Tool`s.
+
+  The index needs one pass over all 50,011 operations; going through
+  ``catalog[i]`` would keep every decoded tool in the store (+0.5 GiB).
+  The store keeps undecoded tools as JSON lines (``_rows``): read those.
+  """
+  rows = getattr(catalog, "_rows", None)
+  decoded = getattr(catalog, "_tools", None)
+  if rows is None or decoded is None or len(rows) != len(catalog):
+    yield from catalog
+    return
+  for i in range(len(catalog)):
+    t = decoded[i]
+    yield t if t is not None else Tool.from_dict(json.loads(rows[i]))
+
+
+# ---------------------------------------------------------------- schemas
+
+def _leaves(sch: Any, path: str = "", keys: tuple = (), depth: int = 0,
+            in_list: str | None = None):
+  """Scalar leaves ``(path, type, keys, list key)`` of a response schema."""
+  if not isinstance(sch, dict) or depth > 3:
+    return
+  t = sch.get("type")
+  if t in _SCALARS or t == "boolean":
+    yield path, t, keys, in_list
+  elif t == "object":
+    for k in sorted(sch.get("properties") or {}):
+      yield from _leaves(sch["properties"][k], f"{path}.{k}" if path else k,
+                         keys + (k,), depth + 1, in_list)
+  elif t == "array" and in_list is None:
+    yield from _leaves(sch.get("items"), f"{path}[0]", keys, depth + 1,
+                       keys[-1] if keys else "")
+
+
+def _path_type(response: dict[str, Any], produced: str) -> str | None:
+  """The JSON type at a ``produces`` path (``[].id``, ``items[].id``, ``id``)."""
+  head, _, field = produced.rpartition(".")
+  node = response
+  if head:
+    key = head[:-2]
+    if key:
+      node = (node.get("properties") or {}).get(key) or {}
+    node = node.get("items") or {}
+  node = (node.get("properties") or {}).get(field or produced)
+  return node.get("type") if isinstance(node, dict) else None
+
+
+def _ref_path(produced: str, i: int) -> str:
+  return produced.replace("[]", f"[{i}]")
+
+
+def _param_problem(tool, media: str) -> str | None:
+  """Why ``tool``'s required arguments cannot be generated, or None."""
+  if len(tool.required) > MAX_REQUIRED:
+    return "too_many_required"
+  for p in tool.required:
+    sch = tool.properties.get(p)
+    sch = sch if isinstance(sch, dict) else {}
+    t = sch.get("type", "string")
+    if t == "object" or (t == "array" and (sch.get("items") or {}).get("type", "string")
+                         not in _SCALARS + ("boolean",)):
+      return "required_object_param"
+    if p == "body" and tool.meta.get("param_in", {}).get(p) == "body" and (
+        _BINARY_MEDIA.search(media.lower())):
+      return "binary_body"
+  return None
+
+
+# ---------------------------------------------------------------- values
+
+def arg_value(name: str, sch: dict[str, Any], rng: random.Random, entity: str = "") -> Any:
+  """A value for parameter ``name`` that its schema accepts and a user might say."""
+  sch = sch if isinstance(sch, dict) else {}
+  if sch.get("enum"):
+    return rng.choice(list(sch["enum"]))
+  t = sch.get("type", "string")
+  n = name.lower()
+  if t == "boolean":
+    return rng.random() < 0.5
+  if t == "array":
+    item = sch.get("items") or {}
+    return [arg_value(singular(name), item, rng, entity) for _ in range(rng.randint(1, 2))]
+  if t == "integer":
+    if re.search(r"limit|size|count|per_?page|max|top|num", n):
+      return rng.randint(2, 20)
+    if re.search(r"page|offset|skip|start", n):
+      return rng.randint(1, 5)
+    if "year" in n:
+      return rng.randint(2015, 2026)
+    if "month" in n:
+      return rng.randint(1, 12)
+    if "day" in n:
+      return rng.randint(1, 28)
+    return rng.randint(1, 99_999) if id_resource(name) is not None else rng.randint(1, 500)
+  if t == "number":
+    if n.startswith("lat"):
+      return round(rng.uniform(-60, 60), 4)
+    if n.startswith(("lon", "lng")):
+      return round(rng.uniform(-150, 150), 4)
+    return round(rng.uniform(1, 500), 2)
+  res = id_resource(name)
+  if res is not None:
+    prefix = re.sub(r"[^a-z]", "", (res or entity or "id"))[:3] or "id"
+    return make_id(prefix, "task", rng.random())
+  if "email" in n:
+    return f"{rng.choice(vocab.FIRST)}.{rng.choice(vocab.LAST)}@example.com".lower()
+  if re.search(r"time|timestamp|datetime|_at$|At$", name):
+    return f"2026-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}T{rng.randint(0, 23):02d}:00:00Z"
+  if "date" in n or n in ("since", "until", "from", "to", "day"):
+    return f"2026-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}"
+  if re.search(r"url|uri|link|website|callback|href", n):
+    return f"https://example.com/{rng.choice(vocab.WORDS)}"
+  if "phone" in n:
+    return f"+1-555-01{rng.randint(10, 99)}"
+  if "country" in n:
+    return rng.choice(("US", "DE", "FR", "JP", "BR", "IN", "KE", "NO"))
+  if re.search(r"lang|locale", n):
+    return rng.choice(("en", "de", "fr", "es", "ja", "pt"))
+  if "currency" in n:
+    return rng.choice(("USD", "EUR", "GBP", "JPY", "CHF"))
+  if "city" in n:
+    return rng.choice(vocab.CITIES)
+  if re.fullmatch(r"q|query|search|keywords?|term|text|filter", n):
+    return rng.choice(_QUERY_WORDS)
+  if re.search(r"user|owner|login|account|author", n):
+    return f"{rng.choice(vocab.WORDS)}{rng.randint(10, 99)}"
+  if re.search(r"name|title|label", n):
+    return f"{rng.choice(vocab.WORDS).capitalize()} {rng.randint(10, 99)}"
+  return rng.choice(vocab.WORDS)
+
+
+def say(v: Any) -> str:
+  """How an argument value is written in an instruction."""
+  if isinstance(v, bool):
+    return "true" if v else "false"
+  if isinstance(v, str):
+    return f"'{v}'"
+  if isinstance(v, list):
+    return "[" + ", ".join(say(x) for x in v) + "]"
+  return json.dumps(v)
+
+
+def _args_text(args: dict[str, Any]) -> str:
+  parts = [f"{words(k)} {say(v)}" for k, v in args.items()]
+  if not parts:
+    return ""
+  return " with " + (parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1])
+
+
+# ---------------------------------------------------------------- generator
+
+class OpenAPITaskGenerator(TaskGenerator):
+  """`TaskGenerator` for OpenAPI catalogs (made by ``TaskGenerator(cat)``)."""
+
+  def __init__(self, catalog, seed: int = 0, executor=None):  # pylint: disable=super-init-not-called
+    # The procedural index of the base class does not apply; the rest does.
+    from toolenv.executor import Executor  # pylint: disable=g-import-not-at-top
+    self.catalog = catalog
+    self.seed = seed
+    self.executor = executor or Executor(catalog, seed=catalog.info.get("seed", 0))
+    self._index_openapi()
+
+  # ---- index ---------------------------------------------------------------
+  def _index_openapi(self) -> None:
+    excluded: collections.Counter = collections.Counter()
+    ops: dict[str, dict[str, Any]] = {}
+    producers: dict[str, list[tuple[str, str, str]]] = collections.defaultdict(list)
+    consumers: dict[str, list[tuple[str, str, str]]] = collections.defaultdict(list)
+    for tool in _iter_uncached(self.catalog):
+      if tool.source != "openapi":
+        excluded["not_openapi"] += 1
+        continue
+      problem = _param_problem(tool, tool.meta.get("body_media", "") or "")
+      if problem:
+        excluded[problem] += 1
+        continue
+      leaves = [lf for lf in _leaves(tool.response) if lf[1] != "boolean"] or [
+          lf for lf in _leaves(tool.response)]
+      consumes = tool.meta.get("consumes") or {}
+      ops[tool.name] = {"provider": tool.provider, "effect": tool.effect, "leaves": leaves}
+      if not leaves:
+        excluded["no_answer_field"] += 1
+      for param, tag in consumes.items():
+        if param in tool.required:
+          consumers[tag].append((tool.name, param, tool.properties[param].get("type")))
+      for path, tag in (tool.meta.get("produces") or {}).items():
+        # A get-by-id whose response repeats the id would hand back a fresh
+        # simulated id for the one it was given: no chain starts there.
+        if tag in consumes.values():
+          continue
+        # Reads start chains; a write only through the id of what it made
+        # (create -> get), never by listing (a POST that "clears" a list).
+        if tool.effect != "read" and not (tool.meta.get("kind") == "create"
+                                          and "[]" not in path):
+          continue
+        t = _path_type(tool.response, path)
+        if t in ("string", "integer"):
+          producers[tag].append((tool.name, path, t))
+    self._ops, self._consumers = ops, consumers
+    leaf: dict[str, dict[str, list[str]]] = {s: collections.defaultdict(list) for s in SPLITS}
+    chain: dict[str, dict[str, list]] = {s: collections.defaultdict(list) for s in SPLITS}
+    fan: dict[str, dict[str, list]] = {s: collections.defaultdict(list) for s in SPLITS}
+    for name, op in ops.items():
+      if op["leaves"]:
+        leaf[self.split_of(op["provider"])][op["provider"]].append(name)
+    for tag in sorted(producers):
+      for pname, path, ptype in producers[tag]:
+        prov = ops[pname]["provider"]
+        for cname, param, ctype in consumers.get(tag, ()):
+          if cname == pname or ctype != ptype or not ops[cname]["leaves"]:
+            continue
+          pair = (pname, path, cname, param)
+          chain[self.split_of(prov)][prov].append(pair)
+          if "[]" in path:
+            fan[self.split_of(prov)][prov].append(pair)
+    self._pools = {"leaf": leaf, "chain": chain, "fanout": fan}
+    self._providers = {k: {s: sorted(v[s]) for s in SPLITS} for k, v in self._pools.items()}
+    self.stats = {
+        "tools": len(self.catalog), "callable": len(ops),
+        "answerable": sum(1 for o in ops.values() if o["leaves"]),
+        "chain_pairs": sum(len(v) for s in SPLITS for v in chain[s].values()),
+        "fanout_pairs": sum(len(v) for s in SPLITS for v in fan[s].values()),
+        "providers": {k: {s: len(p[s]) for s in SPLITS} for k, p in self._providers.items()},
+        "excluded": dict(sorted(excluded.items()))}
+    if not any(self._providers["leaf"][s] for s in SPLITS):
+      raise ValueError(f"catalog {self.catalog.name!r} has no OpenAPI operation that can "
+                       f"make a task (excluded: {self.stats['excluded']})")
+
+  def _pick(self, rng: random.Random, pool: str, split: str, avoid: set[str]):
+    """A provider (uniformly, not in ``avoid``) and one item of its pool."""
+    provs = [p for p in self._providers[pool][split] if p not in avoid]
+    if not provs:
+      return None, None
+    prov = provs[rng.randrange(len(provs))]
+    items = self._pools[pool][split][prov]
+    if pool == "leaf":
+      reads = [n for n in items if self._ops[n]["effect"] == "read"]
+      writes = [n for n in items if self._ops[n]["effect"] != "read"]
+      items = writes if writes and (not reads or rng.random() < WRITE_PROB) else reads
+    return prov, items[rng.randrange(len(items))]
+
+  # ---- public (see TaskGenerator) -------------------------------------------
+  def task(self, index: int, split: str, kind: str) -> Task:
+    """Task number ``index`` of ``kind`` in ``split`` (a pure function of them)."""
+    for attempt in range(50):
+      rng = random.Random(f"openapi-task-{self.seed}-{split}-{kind}-{index}-{attempt}")
+      parts = self._draw(rng, split, kind)
+      if parts is None:
+        continue
+      task = self._finish(parts, f"{split}-{kind}-{self.seed}-{index}", kind, split)
+      if self._sound(task):
+        return task
+    raise RuntimeError(f"could not draw a {kind} task in split {split!r} (index "
+                       f"{index}); pools: {self.stats['providers']}")
+
+  def _sound(self, task: Task) -> bool:
+    """Distinct gold calls (a fanout over two equal ids would merge) and answers."""
+    keys = [canonical_call(self.catalog[n["tool"]], n["arguments"]) for n in task.nodes]
+    return len(set(keys)) == len(keys) and all(
+        a["value"] not in ("", "null") for a in task.answers)
+
+  # ---- drawing ---------------------------------------------------------------
+  def _draw(self, rng, split, kind):
+    if kind == "single":
+      _, name = self._pick(rng, "leaf", split, set())
+      return name and [self._leaf(rng, name)]
+    if kind == "parallel":
+      return self._leaves_parts(rng, split, rng.choice((2, 3, 3, 4)), set())
+    if kind in ("chain", "fanout"):
+      _, pair = self._pick(rng, kind, split, set())
+      return pair and [self._chain(rng, pair) if kind == "chain" else self._fanout(rng, pair)]
+    pool = "chain" if rng.random() < 0.6 else "fanout"
+    if not self._providers["fanout"][split]:
+      pool = "chain"
+    prov, pair = self._pick(rng, pool, split, set())
+    if pair is None:
+      return None
+    first = self._chain(rng, pair, late=True) if pool == "chain" else self._fanout(rng, pair, late=True)
+    rest = self._leaves_parts(rng, split, rng.choice((1, 2)), {prov})
+    return rest and [first] + rest
+
+  def _leaves_parts(self, rng, split, k, avoid):
+    out = []
+    for _ in range(k):
+      prov, name = self._pick(rng, "leaf", split, avoid)
+      if name is None:
+        return None
+      avoid = avoid | {prov}
+      out.append(self._leaf(rng, name))
+    return out
+
+  def _args(self, rng, tool, skip=()) -> dict[str, Any]:
+    """Every required argument (but ``skip``), sometimes one optional enum."""
+    ent = tool.meta.get("entity", "")
+    args = {p: arg_value(p, tool.properties[p], rng, ent) for p in tool.required if p not in skip}
+    opt = [p for p, s in tool.properties.items() if p not in tool.required
+           and isinstance(s, dict) and s.get("enum")]
+    if opt and rng.random() < OPTIONAL_PROB:
+      p = opt[rng.randrange(len(opt))]
+      args[p] = arg_value(p, tool.properties[p], rng, ent)
+    return args
+
+  def _answer(self, rng, name: str, prefer_id: bool = False):
+    """(path, label) of one scalar response field to ask about."""
+    leaves = self._ops[name]["leaves"]
+    # Top-level fields (2 keys deep at most) read best; lists, deep nesting
+    # only when the response has nothing else.
+    leaves = [lf for lf in leaves if lf[3] is None and len(lf[2]) <= 2] or [
+        lf for lf in leaves if len(lf[2]) <= 2] or leaves
+    plain = [lf for lf in leaves if id_resource(lf[2][-1] if lf[2] else "x") is None]
+    ids = [lf for lf in leaves if lf not in plain]
+    pool = (ids if prefer_id and ids else plain) or leaves
+    path, _, keys, list_key = pool[rng.randrange(len(pool))]
+    label = " ".join(words(k) for k in keys) or "result"
+    if list_key is not None:
+      label += f" of the first {self._noun(name, list_key)}"
+    return path, label
+
+  def _noun(self, name: str, key: str) -> str:
+    if key and key.lower() not in _GENERIC_KEYS:
+      return words(singular(key))
+    return words(self.catalog[name].meta.get("entity") or "result")
+
+  def _where(self, tool) -> str:
+    svc = tool.meta.get("service")
+    return f"{tool.provider} ({words(svc)})" if svc else tool.provider
+
+  def _query(self, tool) -> str:
+    return f"{self._where(tool)} {tool.description}"[:200]
+
+  def _leaf(self, rng, name: str) -> dict[str, Any]:
+    tool = self.catalog[name]
+    args = self._args(rng, tool)
+    path, label = self._answer(rng, name, prefer_id=tool.meta.get("kind") == "create")
+    act = action_phrase(tool.description) + _args_text(args)
+    text = rng.choice((
+        f"On {self._where(tool)}, {act}, and tell me the {label}.",
+        f"Using the {self._where(tool)} API, {act}. What is the {label}?",
+        f"I need {self._where(tool)} to {act}; report the {label}."))
+    return {"calls": [(tool, args)], "answers": [(0, path, label)], "text": text,
+            "queries": [self._query(tool)]}
+
+  def _chain(self, rng, pair, late=False) -> dict[str, Any]:
+    pname, path, cname, param = pair
+    prod, cons = self.catalog[pname], self.catalog[cname]
+    pargs, cargs = self._args(rng, prod), self._args(rng, cons, skip=(param,))
+    calls = [(prod, pargs), (cons, {param: ("$ref", 0, _ref_path(path, 0)), **cargs})]
+    queries = [self._query(prod), self._query(cons)]
+    text = (f"On {self._where(prod)}, {action_phrase(prod.description)}{_args_text(pargs)}; "
+            f"then {self._link(pname, path, param)} and {action_phrase(cons.description)}"
+            f"{_args_text(cargs)}")
+    last = cname
+    nxt = self._next(rng, cname, {pname, cname})
+    if nxt is not None and rng.random() < CHAIN3_PROB:
+      path2, dname, param2 = nxt
+      dtool = self.catalog[dname]
+      dargs = self._args(rng, dtool, skip=(param2,))
+      calls.append((dtool, {param2: ("$ref", 1, _ref_path(path2, 0)), **dargs}))
+      queries.append(self._query(dtool))
+      text += (f"; after that, {self._link(cname, path2, param2)} and "
+               f"{action_phrase(dtool.description)}{_args_text(dargs)}")
+      last = dname
+    apath, label = self._answer(rng, last)
+    return {"calls": calls, "answers": [(len(calls) - 1, apath, label)], "late": late,
+            "queries": queries, "text": text + f". Tell me the {label}."}
+
+  def _next(self, rng, name: str, used: set[str]):
+    """A third step: a field of ``name``'s response feeding another operation."""
+    tool = self.catalog[name]
+    consumed = set((tool.meta.get("consumes") or {}).values())
+    options = []
+    for path, tag in sorted((tool.meta.get("produces") or {}).items()):
+      t = _path_type(tool.response, path)
+      if tag in consumed or t not in ("string", "integer"):
+        continue
+      options += [(path, c, p) for c, p, ct in self._consumers.get(tag, ())
+                  if c not in used and ct == t and self._ops[c]["leaves"]]
+    return options[rng.randrange(len(options))] if options else None
+
+  def _link(self, name: str, path: str, param: str) -> str:
+    """How the instruction hands one result to the next call."""
+    head, _, field = path.rpartition(".")
+    if "[]" in head:
+      return f"for the first {self._noun(name, head[:-2])} it returns, use its {words(field)} as the {words(param)}"
+    return f"use the {words(field or path)} it returns as the {words(param)}"
+
+  def _fanout(self, rng, pair, late=False) -> dict[str, Any]:
+    pname, path, cname, param = pair
+    prod, cons = self.catalog[pname], self.catalog[cname]
+    k = rng.choice((2, 3, 3))
+    k = min(k, MAX_FANOUT)
+    pargs, cargs = self._args(rng, prod), self._args(rng, cons, skip=(param,))
+    calls = [(prod, pargs)]
+    calls += [(cons, {param: ("$ref", 0, _ref_path(path, i)), **cargs}) for i in range(k)]
+    apath, label = self._answer(rng, cname)
+    head, _, field = path.rpartition(".")
+    noun = _plural(self._noun(pname, head[:-2]))
+    text = (f"On {self._where(prod)}, {action_phrase(prod.description)}{_args_text(pargs)}; "
+            f"for each of the first {k} {noun} it returns, use its {words(field)} as the "
+            f"{words(param)} and {action_phrase(cons.description)}{_args_text(cargs)}. "
+            f"Tell me the {label} of each.")
+    return {"calls": calls, "late": late, "text": text,
+            "answers": [(1 + i, apath, f"{label} of {noun} {i + 1}") for i in range(k)],
+            "queries": [self._query(prod), self._query(cons)]}
