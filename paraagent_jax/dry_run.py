@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 GIB = 2 ** 30
 # HBM per chip, in 1e9 bytes, of the TPU generations the configs target.
@@ -200,14 +200,17 @@ def _mesh_for(config, num_devices: int):
     raise config_utils.ConfigError(f"mesh: {e}") from None
 
 
-def run_dry(config, *, do_compile: bool = True,
-            out: Callable[[str], None] = print) -> dict[str, Any]:
+def run_dry(config, *, do_compile: bool | Sequence[str] = True,
+            out: Callable[[str], None] = print,
+            min_array_bytes: int = LARGE_ARRAY_BYTES) -> dict[str, Any]:
   """Builds, lowers (and compiles) a config's programs; prints the tables.
 
   Args:
     config: a training config (`paraagent_jax.config_utils.train_defaults`).
-    do_compile: compile each program for its buffer sizes (else lower only).
+    do_compile: compile each program for its buffer sizes (else lower
+      only); or the names of the programs to compile.
     out: where lines go.
+    min_array_bytes: list the sharding of arrays at least this large.
 
   Returns:
     Bytes per device: ``params``, ``opt_state``, ``kv_cache``, the programs'
@@ -261,7 +264,9 @@ def run_dry(config, *, do_compile: bool = True,
       out(f"  {name:8} FAILS to lower: {report['errors'][name]}")
       return
     stats = {"lower_s": time.perf_counter() - start}
-    stats.update(compiled_stats(lowered, do_compile))
+    compile_it = (do_compile if isinstance(do_compile, bool)
+                  else name in do_compile)
+    stats.update(compiled_stats(lowered, compile_it))
     report["programs"][name] = stats
     extra = (f", compiled in {stats['compile_s']:.1f}s, temp "
              f"{stats.get('temp', 0) / GIB:.2f} GiB/device"
@@ -317,15 +322,46 @@ def run_dry(config, *, do_compile: bool = True,
       scalar, n_buf=n_buf, windows=windows, greedy=False, top_k=int(rl.top_k),
       use_top_p=float(rl.top_p) < 1.0, pad_id=0))
 
-  report["arrays"] = (large_arrays("params", state)
-                      + large_arrays("adamw", opt_state)
-                      + large_arrays("kv_cache", cache)
-                      + large_arrays("sft_batch", batch)
-                      + large_arrays("rl_batch", tbatch))
-  print_arrays(report["arrays"], out)
+  m = min_array_bytes
+  report["arrays"] = (large_arrays("params", state, m)
+                      + large_arrays("adamw", opt_state, m)
+                      + large_arrays("kv_cache", cache, m)
+                      + large_arrays("sft_batch", batch, m)
+                      + large_arrays("rl_batch", tbatch, m))
+  print_arrays(report["arrays"], out, m)
+  report["activations"] = largest_activations(config, model_cfg, mesh)
   report["peaks"] = phase_peaks(report)
   print_table(report, config, out)
   return report
+
+
+def largest_activations(config, model_cfg, mesh) -> dict[str, int]:
+  """Bytes per device of the biggest single activations, counted by hand.
+
+  The attention of `models.qwen3` materialises fp32 scores [B, N, T, S] per
+  layer, and the loss needs fp32 logits [B, T, V]: at long contexts these, not
+  the weights, decide whether a step fits. B is a micro-batch's rows on one
+  device, N the heads on one device.
+  """
+  dp = mesh.shape["data"] * mesh.shape["fsdp"]
+  tp = mesh.shape["tensor"]
+  heads = (model_cfg.num_heads // tp if model_cfg.num_heads % tp == 0
+           else model_cfg.num_heads)
+  vocab = (model_cfg.vocab_size // tp if model_cfg.vocab_size % tp == 0
+           else model_cfg.vocab_size)
+  m = max(int(config.num_micro_batches), 1)
+  rl = config.rl
+  out = {}
+  for name, rows, t in (
+      ("sft", config.batch_size, config.seq_len),
+      ("rl", rl.tasks_per_iter * rl.group_size, rl.max_len)):
+    per = max(rows // (m * dp), 1)
+    out[f"{name} attention scores (1 layer)"] = 4 * per * heads * t * t
+    out[f"{name} logits"] = 4 * per * t * vocab
+  rows = max(rl.tasks_per_iter * rl.group_size // dp, 1)
+  out["prefill attention scores (1 layer, chunk 512)"] = (
+      4 * rows * heads * 512 * rl.max_len)
+  return out
 
 
 def phase_peaks(report) -> dict[str, int]:
@@ -349,9 +385,9 @@ def phase_peaks(report) -> dict[str, int]:
   return peaks
 
 
-def print_arrays(rows, out) -> None:
+def print_arrays(rows, out, min_bytes: int = LARGE_ARRAY_BYTES) -> None:
   """The sharding of every large array."""
-  out(f"large arrays (>= {LARGE_ARRAY_BYTES // 2 ** 20} MiB):")
+  out(f"arrays of at least {min_bytes / 2 ** 20:g} MiB:")
   out(f"  {'array':58} {'shape':28} {'dtype':8} {'PartitionSpec':34} "
       f"{'MiB/device':>10}")
   for path, shape, dtype, spec, nbytes in rows:
@@ -361,7 +397,7 @@ def print_arrays(rows, out) -> None:
 
 def print_table(report, config, out) -> None:
   """The per-device memory table and the HBM verdicts."""
-  gib = lambda b: f"{b / GIB:8.2f}"
+  gib = lambda b: f"{b / GIB:8.2f} {b:>16,d} B"
   progs = report["programs"]
   out("memory per device (GiB):")
   out(f"  params (fp32 master)      {gib(report['params'])}")
@@ -371,10 +407,12 @@ def print_table(report, config, out) -> None:
       f"({rl.tasks_per_iter * rl.group_size} rollouts x {rl.max_len} slots)")
   for name, stats in progs.items():
     if "temp" in stats:
-      out(f"  {name + ' temporaries':25} {gib(stats['temp'])}   (XLA:CPU "
-          f"buffer assignment)")
+      out(f"  {name + ' temporaries':25} {gib(stats['temp'])}   (XLA:CPU)")
   for name, err in report["errors"].items():
     out(f"  {name}: does not lower: {err}")
+  out("largest single activations per device (fp32, counted from shapes):")
+  for name, b in report.get("activations", {}).items():
+    out(f"  {name:44} {b / GIB:8.2f} GiB")
   peaks = report["peaks"]
   if not any("temp" in s for s in progs.values()):
     out("  (not compiled: activations not counted)")
