@@ -32,7 +32,19 @@ def get_config(arg=None):
   c.num_per_kind = 40              # 200 tasks per strategy
   c.batch_size = 32
   c.tokenizer = ""
-  c.bfcl_source = ""               # BFCL data dir / bfcl-eval wheel (bfcl benchmark)
+  c.seed = 0                       # sampling seed (greedy decoding ignores it)
+  # bfcl: the bfcl-eval wheel or an unpacked bfcl_eval/data dir ("" = the cached
+  # wheel, see toolenv.catalog.bfcl); settings open (functions pooled and
+  # searched) and/or closed (the task's functions given); categories "" = all.
+  c.bfcl_source = ""
+  c.bfcl_settings = "open,closed"
+  c.bfcl_categories = ""
+  c.bfcl_limit = 0                 # entries per category (0 = all)
+  # stabletoolbench: query files separated by ';' and the tools directory.
+  c.stb_queries = ""
+  c.stb_tools = ""
+  c.stb_settings = "open"
+  c.stb_limit = 0                  # queries per file (0 = all)
   r = rl_stage.rl_defaults()
   c.rollout = ml_collections.ConfigDict(dict(
       max_turns=r.max_turns + 8, max_turn_tokens=r.max_turn_tokens, max_len=r.max_len * 2,
@@ -42,4 +54,6 @@ def get_config(arg=None):
   if a.runlocal:
     c.num_per_kind = 2
     c.batch_size = 8
+    c.bfcl_limit = 3
+    c.stb_limit = 3
   return c

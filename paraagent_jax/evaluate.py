@@ -101,6 +101,7 @@ def run(config, workdir: str, checkpoint: str = "") -> dict:
   from paraagent_jax import api_client
   from paraagent_jax import config_utils
   from paraagent_jax import rl_stage
+  from paraagent_jax.evaluation import benchmarks as bench_lib
   from paraagent_jax.evaluation import report as report_lib
   from paraagent_jax.evaluation import runner
   from paraagent_jax.paraact import chat_format, policies
@@ -124,9 +125,11 @@ def run(config, workdir: str, checkpoint: str = "") -> dict:
   def fmt_for(strategy):
     return chat_format.ChatFormat(tok, strategy=strategy)
 
-  def make_policy(strategy):
+  def make_policy(strategy, plan_fn=None):
     fmt = fmt_for(strategy)
     if config.policy == "oracle":
+      if plan_fn is not None:
+        return bench_lib.PlanOraclePolicy(fmt, plan_fn, strategy=strategy)
       return policies.OraclePolicy(fmt, strategy=strategy)
     if config.policy == "api":
       client = api_client.ChatClient(base_url=config.api.base_url, model=config.api.model,
@@ -137,26 +140,46 @@ def run(config, workdir: str, checkpoint: str = "") -> dict:
 
   records = []
   benchmarks = [b for b in config.benchmarks.split(",") if b]
+  strategies = [s for s in config.strategies.split(",") if s]
+  common = dict(strategies=strategies, policy_name=name, workdir=workdir,
+                rollout_config=rcfg, batch_size=config.batch_size, seed=config.seed)
   for bench in benchmarks:
     if bench == "toolenv":
       catalog = toolenv.load_catalog(config.catalog, seed=config.catalog_seed)
       kinds = [k for k in config.kinds.split(",") if k]
       tasks = runner.toolenv_tasks(catalog, num_per_kind=config.num_per_kind,
                                    seed=config.task_seed, kinds=kinds)
-      for strategy in config.strategies.split(","):
+      for strategy in strategies:
         records += runner.run_toolenv(make_policy, fmt_for, catalog, tasks,
                                       strategy=strategy, policy_name=name,
                                       workdir=workdir, rollout_config=rcfg,
-                                      batch_size=config.batch_size,
+                                      batch_size=config.batch_size, seed=config.seed,
                                       benchmark=f"toolenv-{config.catalog}")
     elif bench == "bfcl":
-      if config.policy != "oracle":
-        raise config_utils.ConfigError("bfcl: only policy=oracle is wired so far "
-                                       "(model policies on BFCL are not yet)")
-      records += runner.run_bfcl_oracle(config.bfcl_source)
+      try:
+        entries = bench_lib.bfcl_entries(
+            config.bfcl_source, [c for c in config.bfcl_categories.split(",") if c],
+            limit=config.bfcl_limit)
+      except (FileNotFoundError, ValueError) as e:
+        raise config_utils.ConfigError(f"bfcl: {e}") from e
+      records += bench_lib.run_bfcl(
+          make_policy, fmt_for, entries,
+          settings=[s for s in config.bfcl_settings.split(",") if s], **common)
+    elif bench == "stabletoolbench":
+      if not (config.stb_queries and config.stb_tools):
+        raise config_utils.ConfigError(
+            "stabletoolbench: set stb_queries=FILE[;FILE...] (StableToolBench query "
+            "JSON) and stb_tools=DIR (its tools directory)")
+      try:
+        records += bench_lib.run_stabletoolbench(
+            make_policy, fmt_for, [q for q in config.stb_queries.split(";") if q],
+            config.stb_tools, settings=[s for s in config.stb_settings.split(",") if s],
+            limit=config.stb_limit, **common)
+      except (FileNotFoundError, ValueError) as e:
+        raise config_utils.ConfigError(f"stabletoolbench: {e}") from e
     else:
       raise config_utils.ConfigError(f"benchmarks: unknown {bench!r}; expected "
-                                     "toolenv or bfcl")
+                                     "toolenv, bfcl or stabletoolbench")
   rep = report_lib.write_report(records, workdir)
   print(report_lib.markdown_table(report_lib.build_report(records)), flush=True)
   return rep

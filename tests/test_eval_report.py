@@ -1,6 +1,7 @@
 """Evaluation reports: CI, per-kind aggregation, markdown, plots, compare."""
 
 import json
+import math
 import os
 
 import pytest
@@ -54,8 +55,12 @@ def test_build_report_aggregates_by_kind_and_multi_tool():
 def test_markdown_and_files_and_compare(tmp_path):
   paths = rep.write_report(_records(), str(tmp_path), name="r1")
   md = open(paths["markdown"]).read()
-  assert md.count("\n") == 4  # header, rule, two runs
+  main, per_kind = md.split("Per kind")[0], md.split("Per kind")[1].split("Notes:")[0]
+  assert main.strip().count("\n") == 3  # header, rule, two runs
   assert "| toolenv | oracle | paraact | 8 | 62.5 (" in md
+  # Per-kind rows carry n and the Wilson CI: 3/4 single -> 30.1-95.4 (textbook).
+  assert "| toolenv | oracle | paraact | 4: 75.0 (30.1-95.4) | 4: 50.0 (15.0-85.0) |" in per_kind
+  assert "No published numbers" in md.split("Notes:")[1]
   for key in ("plot_success", "plot_turns", "plot_calls"):
     assert os.path.getsize(paths[key]) > 1000
     with open(paths[key], "rb") as f:
@@ -64,4 +69,30 @@ def test_markdown_and_files_and_compare(tmp_path):
   assert len(data["runs"]) == 2
   rep.write_report(_records()[:8], str(tmp_path), name="r2", plots=False)
   table = rep.compare_reports([paths["json"], str(tmp_path / "r2.json")])
-  assert table.count("| toolenv |") == 3
+  assert table.split("Per kind")[0].count("| toolenv |") == 3
+
+
+def test_average_ci_token_shares_and_rewards():
+  report = rep.build_report(_records())
+  para = {r["strategy"]: r for r in report["runs"]}["paraact"]
+  # Hand-derived: kinds 3/4 and 2/4 -> mean 0.625, var = (0.1875/4 + 0.25/4) / 4.
+  half = 1.959964 * math.sqrt((0.1875 / 4 + 0.25 / 4) / 4)
+  assert para["average_ci95"] == pytest.approx([0.625 - half, 0.625 + half])
+  assert para["overall"]["execute_token_share"] == pytest.approx(0.25)
+  # All-or-nothing kinds give a point interval.
+  react = {r["strategy"]: r for r in report["runs"]}["react"]
+  assert react["average_ci95"] == pytest.approx([0.5, 0.5])
+  recs = [dict(r, step_reward_mean=0.2, phase_reward_mean=0.5, traj_reward=1.0 * r["success"],
+               finished=True, api_recall=0.5 if r["kind"] == "single" else None)
+          for r in _records()]
+  o = {r["strategy"]: r for r in rep.build_report(recs)["runs"]}["paraact"]["overall"]
+  assert o["traj_reward"] == pytest.approx(5 / 8) and o["phase_reward_mean"] == 0.5
+  assert o["finished"] == 1.0 and o["api_recall"] == 0.5  # None values skipped
+  md = rep.markdown_table(rep.build_report(recs))
+  assert "finish %" in md and "API recall %" in md
+
+
+def test_benchmark_notes():
+  notes = rep.notes_for(["stabletoolbench-open", "bfcl-open", "bfcl-closed"])
+  assert set(notes) == {"stabletoolbench", "bfcl"}
+  assert "SoPR" in notes["stabletoolbench"] and "not comparable" in notes["stabletoolbench"]

@@ -5,12 +5,16 @@ as written by `paraagent_jax.evaluation.runner` (and by the rollout's episode
 stats). The fields used are:
 
   benchmark, strategy, policy, kind, task_id, success (bool), turns, calls,
-  calls_per_execute_step, phase_switches, explore_tokens, execute_tokens,
-  parse_errors, tokens_generated, wall_time_s, step_reward_mean,
-  phase_reward_mean, traj_reward, truncated.
+  calls_per_step (list), calls_per_execute_step, phase_switches,
+  explore_tokens, execute_tokens, parse_errors, tokens_generated,
+  wall_time_s (the episode's latency within its batch), wall_per_task_s
+  (batch wall time / tasks in it), step_reward_mean, phase_reward_mean,
+  traj_reward, truncated; and, from the fixed-task benchmarks, finished,
+  api_recall, found_recall (StableToolBench), bfcl_calls, reason (BFCL).
 
 Missing numeric fields are skipped in the means, so reports work for
-benchmarks that do not produce every signal (e.g. BFCL has no phases).
+benchmarks that do not produce every signal. Token shares are of the tokens
+written in explore and execute steps (answer and malformed steps excluded).
 """
 
 from __future__ import annotations
@@ -26,8 +30,21 @@ MULTI_TOOL_KINDS = ("parallel", "fanout", "mixed")
 KIND_ORDER = ("single", "parallel", "chain", "fanout", "mixed")
 MEAN_FIELDS = (
     "turns", "calls", "calls_per_execute_step", "phase_switches",
-    "explore_token_share", "parse_errors", "tokens_generated", "wall_time_s",
-    "step_reward_mean", "phase_reward_mean", "traj_reward", "truncated")
+    "explore_token_share", "execute_token_share", "parse_errors", "tokens_generated",
+    "wall_time_s", "wall_per_task_s", "step_reward_mean", "phase_reward_mean",
+    "traj_reward", "truncated", "finished", "api_recall", "found_recall")
+# What a benchmark's numbers can and cannot be compared with (report notes).
+NOTES = {
+    "toolenv": "ToolEnv: held-out test split (unseen providers); success = every gold "
+               "value in the answer (+ gold final state for write tasks). No published "
+               "numbers exist for it: compare runs of this harness only.",
+    "bfcl": "BFCL: scored by our BFCL-rule AST checker (agrees with bfcl-eval's "
+            "ast_checker on gold and perturbed answers); categories are BFCL's, but the "
+            "agent acts multi-turn in ToolEnv (every catalog call it makes is its answer, "
+            "schema errors are shown to it) and, open-world, must first search the pooled "
+            "functions; so bfcl-closed is close to, not equal to, BFCL's leaderboard AST "
+            "accuracy, and bfcl-open has no published counterpart.",
+}
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
@@ -41,11 +58,28 @@ def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float,
   return (max(0.0, centre - half), min(1.0, centre + half))
 
 
-def _explore_share(r: dict[str, Any]) -> float | None:
+def _token_share(r: dict[str, Any], which: str) -> float | None:
   e, x = r.get("explore_tokens"), r.get("execute_tokens")
   if e is None or x is None or (e + x) == 0:
     return None
-  return e / (e + x)
+  return (e if which == "explore" else x) / (e + x)
+
+
+def average_interval(per_kind: dict[str, dict[str, Any]],
+                     z: float = 1.959964) -> tuple[float, float]:
+  """95% CI of the unweighted mean of per-kind success rates.
+
+  Kinds are independent samples, so Var(mean) = sum_k p_k (1 - p_k) / n_k / K^2
+  (normal approximation, clipped to [0, 1]); with a rate of 0 or 1 in every
+  kind the interval is that point.
+  """
+  ks = [v for v in per_kind.values() if v["n"]]
+  if not ks:
+    return (0.0, 0.0)
+  mean = sum(v["success"] for v in ks) / len(ks)
+  var = sum(v["success"] * (1 - v["success"]) / v["n"] for v in ks) / len(ks) ** 2
+  half = z * math.sqrt(var)
+  return (max(0.0, mean - half), min(1.0, mean + half))
 
 
 def summarise(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -56,8 +90,8 @@ def summarise(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
   out: dict[str, Any] = {"n": n, "success": wins / n if n else 0.0,
                          "ci95": [lo, hi]}
   for field in MEAN_FIELDS:
-    if field == "explore_token_share":
-      vals = [_explore_share(r) for r in records]
+    if field in ("explore_token_share", "execute_token_share"):
+      vals = [_token_share(r, field.split("_")[0]) for r in records]
     else:
       vals = [r.get(field) for r in records]
     vals = [float(v) for v in vals if v is not None]
@@ -93,10 +127,25 @@ def build_report(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "overall": summarise(recs),
         "average": (sum(v["success"] for v in per_kind.values()) / len(per_kind)
                     if per_kind else 0.0),
+        "average_ci95": list(average_interval(per_kind)),
         "multi_tool": summarise(multi) if multi else None,
         "per_kind": per_kind,
     })
+  report["notes"] = notes_for(r["benchmark"] for r in report["runs"])
   return report
+
+
+def notes_for(benchmarks: Iterable[Any]) -> dict[str, str]:
+  """The comparability notes of the benchmark families present."""
+  out = {}
+  for b in benchmarks:
+    fam = str(b).split("-", 1)[0]
+    if fam == "stabletoolbench":
+      from toolenv.benchmarks import stabletoolbench  # pylint: disable=g-import-not-at-top
+      out[fam] = stabletoolbench.NOT_COMPARABLE
+    elif fam in NOTES:
+      out[fam] = NOTES[fam]
+  return out
 
 
 def _fmt(v: Any, pct: bool = False) -> str:
@@ -109,32 +158,67 @@ def _fmt(v: Any, pct: bool = False) -> str:
   return str(v)
 
 
+def _ci(lo_hi) -> str:
+  return f"{_fmt(lo_hi[0], True)}-{_fmt(lo_hi[1], True)}"
+
+
 def markdown_table(report: dict[str, Any]) -> str:
-  """Renders the report as markdown: one row per run, success per kind and behaviour."""
+  """Renders the report as markdown.
+
+  Three parts: the main table (one row per run: success with its 95% CI, the
+  per-kind average with its CI, success per kind, multi-tool kinds pooled,
+  and the behaviour means), a per-kind table (n and success with CI, per run)
+  and the comparability notes of the benchmarks present.
+  """
+  runs = report["runs"]
   kinds: list[str] = []
-  for run in report["runs"]:
+  for run in runs:
     for k in run["per_kind"]:
       if k not in kinds:
         kinds.append(k)
   kinds.sort(key=lambda k: KIND_ORDER.index(k) if k in KIND_ORDER else 99)
-  head = (["benchmark", "policy", "strategy", "n", "success % (95% CI)", "avg %"]
-          + [f"{k} %" for k in kinds]
+  extra = [f for f in ("finished", "api_recall", "found_recall")
+           if any(r["overall"].get(f) is not None for r in runs)]
+  head = (["benchmark", "policy", "strategy", "n", "success % (95% CI)",
+           "avg % (95% CI)"] + [f"{k} %" for k in kinds]
           + ["multi-tool %", "turns", "calls", "calls/exec step", "phase switches",
-             "explore tok share", "parse errors", "tokens", "s/task"])
+             "explore tok share", "execute tok share", "parse errors", "tokens",
+             "s/task", "step r", "phase r", "traj r"]
+          + [{"finished": "finish %", "api_recall": "API recall %",
+              "found_recall": "found recall %"}[f] for f in extra])
   lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-  for run in report["runs"]:
+  for run in runs:
     o = run["overall"]
-    ci = f"{_fmt(o['success'], True)} ({_fmt(o['ci95'][0], True)}-{_fmt(o['ci95'][1], True)})"
-    row = [str(run["benchmark"]), str(run["policy"]), str(run["strategy"]), str(o["n"]), ci,
-           _fmt(run["average"], True)]
+    avg_ci = run.get("average_ci95")
+    row = [str(run["benchmark"]), str(run["policy"]), str(run["strategy"]), str(o["n"]),
+           f"{_fmt(o['success'], True)} ({_ci(o['ci95'])})",
+           _fmt(run["average"], True) + (f" ({_ci(avg_ci)})" if avg_ci else "")]
     row += [_fmt(run["per_kind"][k]["success"], True) if k in run["per_kind"] else "-"
             for k in kinds]
     mt = run["multi_tool"]
     row += [_fmt(mt["success"], True) if mt else "-", _fmt(o["turns"]), _fmt(o["calls"]),
             _fmt(o["calls_per_execute_step"]), _fmt(o["phase_switches"]),
-            _fmt(o["explore_token_share"]), _fmt(o["parse_errors"]),
-            _fmt(o["tokens_generated"]), _fmt(o["wall_time_s"])]
+            _fmt(o["explore_token_share"]), _fmt(o.get("execute_token_share")),
+            _fmt(o["parse_errors"]), _fmt(o["tokens_generated"]),
+            _fmt(o.get("wall_per_task_s") if o.get("wall_per_task_s") is not None
+                 else o["wall_time_s"]),
+            _fmt(o["step_reward_mean"]), _fmt(o["phase_reward_mean"]),
+            _fmt(o["traj_reward"])]
+    row += [_fmt(o.get(f), True) for f in extra]
     lines.append("| " + " | ".join(row) + " |")
+  lines += ["", "Per kind: n, success % (95% Wilson CI)", "",
+            "| benchmark | policy | strategy | " + " | ".join(kinds) + " |",
+            "|" + "---|" * (3 + len(kinds))]
+  for run in runs:
+    cells = []
+    for k in kinds:
+      v = run["per_kind"].get(k)
+      cells.append(f"{v['n']}: {_fmt(v['success'], True)} ({_ci(v['ci95'])})" if v else "-")
+    lines.append(f"| {run['benchmark']} | {run['policy']} | {run['strategy']} | "
+                 + " | ".join(cells) + " |")
+  notes = report.get("notes") or notes_for(r["benchmark"] for r in runs)
+  if notes:
+    lines += ["", "Notes:", ""] + [f"* {v}" for v in notes.values()]
   return "\n".join(lines) + "\n"
 
 

@@ -53,12 +53,32 @@ def _rewrite(path: str, records: Sequence[dict[str, Any]]) -> None:
   os.replace(tmp, path)
 
 
-def run_toolenv(make_policy: Callable[[str], Any], fmt_for: Callable[[str], Any], catalog,
-                tasks: Sequence[toolenv.Task], *, strategy: str, policy_name: str,
-                workdir: str, rollout_config, batch_size: int = 32,
-                benchmark: str = "toolenv", seed: int = 0,
-                log: Callable[[str], None] = print) -> list[dict[str, Any]]:
-  """Evaluates one policy under one strategy on ToolEnv tasks; returns records."""
+def run_tasks(policy, fmt, env, tasks: Sequence[Any], *, benchmark: str, strategy: str,
+              policy_name: str, workdir: str, rollout_config, batch_size: int = 32,
+              seed: int = 0, fields: dict[str, Any] | None = None,
+              log: Callable[[str], None] = print) -> list[dict[str, Any]]:
+  """Evaluates ``policy`` on ``tasks`` in ``env``, batch by batch, resumably.
+
+  Args:
+    policy: a `paraact.policies.Policy`.
+    fmt: the strategy's `ChatFormat`.
+    env: a `toolenv.VectorToolEnv` or any env with its interface (e.g.
+      `toolenv.benchmarks.fixed_env.FixedTaskEnv`); if it has ``extra(i)``,
+      those per-episode metrics are added to the records.
+    tasks: objects with ``id`` and ``kind`` (`toolenv.Task`).
+    benchmark, strategy, policy_name: the record's keys (and its file name).
+    workdir: where ``records/`` lives.
+    rollout_config: `rollout.RolloutConfig`.
+    batch_size: episodes per rollout batch. A JAX policy's last batch is
+      padded with repeats of its last task (records dropped), so every batch
+      has one shape and nothing is compiled twice.
+    seed: sampling seed.
+    fields: constant fields added to every record (e.g. the catalog).
+    log: progress lines.
+
+  Returns:
+    The records of ``tasks`` in task order (earlier runs' records included).
+  """
   from paraagent_jax.paraact import rollout  # pylint: disable=g-import-not-at-top
   path = records_path(workdir, benchmark, policy_name, strategy)
   done = read_records(path)
@@ -69,28 +89,47 @@ def run_toolenv(make_policy: Callable[[str], Any], fmt_for: Callable[[str], Any]
   if done:
     log(f"evaluate: {benchmark}/{policy_name}/{strategy}: {len(done)} recorded, "
         f"{len(todo)} to go")
-  fmt = fmt_for(strategy)
-  policy = make_policy(strategy)
-  env = toolenv.VectorToolEnv(catalog, num_envs=max(1, min(batch_size, len(todo) or 1)),
-                              **toolenv.oracle.env_options(strategy))
+  pad = getattr(policy, "name", "") == "jax"
   records = list(done)
   for start in range(0, len(todo), batch_size):
     batch = todo[start:start + batch_size]
+    real = len(batch)
+    if pad and start > 0 and real < batch_size:
+      batch = batch + [batch[-1]] * (batch_size - real)
     t0 = time.perf_counter()
     res = rollout.run_rollout(policy, env, batch, fmt, rollout_config, seed=seed)
+    per_task = (time.perf_counter() - t0) / real
     new = []
-    for task, e in zip(batch, res.episodes):
-      r = {k: v for k, v in e.items() if k != "calls_per_step"}
+    for i, (task, e) in enumerate(zip(batch[:real], res.episodes[:real])):
+      r = dict(e)
+      if hasattr(env, "extra"):
+        r.update(env.extra(i))
+      r.update(fields or {})
+      r["wall_per_task_s"] = per_task
       r.update(benchmark=benchmark, strategy=strategy, policy=policy_name,
-               kind=task.kind, task_id=task.id, catalog=catalog.name)
+               kind=task.kind, task_id=task.id)
       new.append(r)
     _append(path, new)
     records += new
-    ok = sum(r["success"] for r in records)
+    ok = sum(bool(r["success"]) for r in records)
     log(f"evaluate: {benchmark}/{policy_name}/{strategy}: {len(records)}/{len(tasks)} "
         f"tasks, success {ok / len(records):.3f} ({time.perf_counter() - t0:.1f}s/batch)")
   order = {t.id: i for i, t in enumerate(tasks)}
   return sorted((r for r in records if r["task_id"] in order), key=lambda r: order[r["task_id"]])
+
+
+def run_toolenv(make_policy: Callable[[str], Any], fmt_for: Callable[[str], Any], catalog,
+                tasks: Sequence[toolenv.Task], *, strategy: str, policy_name: str,
+                workdir: str, rollout_config, batch_size: int = 32,
+                benchmark: str = "toolenv", seed: int = 0,
+                log: Callable[[str], None] = print) -> list[dict[str, Any]]:
+  """Evaluates one policy under one strategy on ToolEnv tasks; returns records."""
+  env = toolenv.VectorToolEnv(catalog, num_envs=max(1, min(batch_size, len(tasks) or 1)),
+                              **toolenv.oracle.env_options(strategy))
+  return run_tasks(make_policy(strategy), fmt_for(strategy), env, tasks,
+                   benchmark=benchmark, strategy=strategy, policy_name=policy_name,
+                   workdir=workdir, rollout_config=rollout_config, batch_size=batch_size,
+                   seed=seed, fields={"catalog": catalog.name}, log=log)
 
 
 def toolenv_tasks(catalog, *, num_per_kind: int, split: str = "test", seed: int = 0,

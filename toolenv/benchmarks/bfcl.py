@@ -327,3 +327,122 @@ def score_oracle(entries: list[BFCLEntry], setting: str) -> float:
   ok = sum(check_task(t, gold_calls(t.entry, t.names if setting == "open"
                                     else None))[0] for t in tasks)
   return ok / max(len(tasks), 1)
+
+
+# ------------------------------------------------- ToolEnv episodes (agents)
+
+@dataclasses.dataclass
+class EnvSet:
+  """BFCL as ToolEnv episodes for an agent (see `env_tasks`)."""
+  setting: str
+  tasks: list[Any]                    # toolenv.Task, one per entry
+  catalog: Any                        # the pooled Catalog
+  given: dict[str, list[Tool]]        # closed setting: task id -> its functions
+  bfcl: dict[str, BFCLTask]           # task id -> the BFCL task (for the checker)
+
+
+def _query(fn: dict[str, Any]) -> str:
+  """What the scripted explorer searches for: the function's words."""
+  words = re.sub(r"[._]+", " ", fn["name"])
+  return f"{words} {fn.get('description', '')}"[:200].strip()
+
+
+def _doc_block(tools: list[Tool]) -> str:
+  """The closed setting's function list, as ``get_tool_doc`` would show it."""
+  import json  # pylint: disable=g-import-not-at-top
+  from toolenv.catalog.store import Catalog  # pylint: disable=g-import-not-at-top
+  from toolenv.search import get_tool_doc  # pylint: disable=g-import-not-at-top
+  cat = Catalog(tools, name="given")
+  return "\n".join(json.dumps(get_tool_doc(cat, t.name), ensure_ascii=False)
+                   for t in tools)
+
+
+def env_tasks(entries: list[BFCLEntry], setting: str = "open") -> EnvSet:
+  """BFCL entries as `toolenv.Task`s in the open-world or closed setting.
+
+  Open world: the instruction is the user's request and nothing else; the
+  agent searches the pooled catalog of every entry's functions. Closed: the
+  instruction also lists the entry's own functions (``get_tool_doc`` JSON,
+  one per line) and that episode can only search and call those. In both,
+  each gold call is a task node (tool = catalog name, arguments = the first
+  possible answer, level 0), so ToolEnv's step and phase rewards apply; the
+  task has no answer values: success is the BFCL checker's verdict on the
+  calls (`score_episode`).
+  """
+  from toolenv.tasks import Task  # pylint: disable=g-import-not-at-top
+  from toolenv.catalog.store import Catalog  # pylint: disable=g-import-not-at-top
+  if setting not in ("closed", "open"):
+    raise ValueError(f"setting must be 'closed' or 'open', got {setting!r}")
+  bfcl_tasks, _ = make_tasks(entries, setting)
+  pool, _ = pooled_tools(entries)
+  catalog = Catalog(pool, name="bfcl", info={"seed": 0})
+  out, given, by_id = [], {}, {}
+  for bt in bfcl_tasks:
+    e = bt.entry
+    gold = gold_calls(e, bt.names)
+    fns = {bt.names[fn["name"]]: fn for fn in e.functions}
+    nodes = []
+    for i, call in enumerate(gold):
+      (name, args), = call.items()
+      nodes.append({"id": f"n{i}", "tool": name, "arguments": args, "deps": [],
+                    "level": 0, "query": _query(fns.get(name, {"name": name})),
+                    "late": False})
+    text = e.instruction
+    if setting == "closed":
+      own = [catalog[bt.names[fn["name"]]] for fn in e.functions]
+      given[e.id] = own
+      text += "\n\nFunctions you can call (no others exist):\n" + _doc_block(own)
+    out.append(Task(id=e.id, kind=e.category, split="test", instruction=text,
+                    nodes=nodes, answers=[], max_turns=min(40, 2 * len(nodes) + 6)))
+    by_id[e.id] = bt
+  return EnvSet(setting, out, catalog, given, by_id)
+
+
+def episode_calls(log) -> list[dict[str, Any]]:
+  """The agent's answer in BFCL's form: every catalog call it made, in order.
+
+  ``log`` is a `toolenv.benchmarks.fixed_env.EpisodeLog`. Calls the simulator
+  rejected for their arguments still count (the checker, not the simulator,
+  judges arguments, as BFCL's AST checker does without executing anything);
+  meta-tool calls and phase violations (never run) do not.
+  """
+  out = []
+  for c in log.tool_calls():
+    name = c.name if isinstance(c.name, str) else repr(c.name)
+    out.append({name: c.arguments})
+  return out
+
+
+def score_episode(sets: EnvSet, task, log, env=None) -> dict[str, Any]:
+  """BFCL verdict on an episode: ``{"success", "reason", "bfcl_calls", "finished"}``."""
+  del env
+  calls = episode_calls(log)
+  ok, why = check_task(sets.bfcl[task.id], calls)
+  return {"success": ok, "reason": why, "bfcl_calls": len(calls),
+          "finished": bool(log.finished)}
+
+
+def oracle_steps(task, strategy: str, setting: str) -> list:
+  """The scripted oracle's steps for a BFCL task (`toolenv.oracle.solve`).
+
+  In the closed setting the functions are given, so the search steps and
+  search calls are dropped.
+  """
+  from toolenv import oracle  # pylint: disable=g-import-not-at-top
+  from toolenv.schema import META_TOOLS  # pylint: disable=g-import-not-at-top
+  steps = oracle.solve(task, strategy)
+  # BFCL tasks have no answer values; the oracle still closes with a text.
+  steps[-1] = dataclasses.replace(steps[-1], answer=f"Made {len(task.nodes)} call(s).")
+  if setting == "open":
+    return steps
+  out = []
+  for s in steps:
+    if s.phase == "explore":
+      continue
+    if s.phase == "execute":
+      calls = [c for c in s.calls if c.name not in META_TOOLS]
+      if not calls:
+        continue
+      s = dataclasses.replace(s, calls=calls)
+    out.append(s)
+  return out

@@ -44,6 +44,12 @@ _TYPES = {"string": "string", "number": "number", "integer": "integer",
           "enum": "string", "date (yyyy-mm-dd)": "string", "time (24-hour hh:mm)":
           "string", "geopoint (latitude, longitude)": "string"}
 _READ = ("GET", "HEAD", "OPTIONS")
+# When an API documents no response, the simulator still answers something an
+# answer can be checked against (see `toolenv.benchmarks.stabletoolbench`).
+DEFAULT_RESPONSE = {"type": "object", "properties": {
+    "result": {"type": "string"}, "value": {"type": "number"}},
+                    "required": ["result", "value"]}
+_MAX_FIELDS = 12
 
 
 def _snake(text: str) -> str:
@@ -65,6 +71,43 @@ def _param(p: dict[str, Any]) -> dict[str, Any]:
   if default not in (None, ""):
     out["default"] = default
   return out
+
+
+def _example_schema(x: Any, depth: int = 0) -> dict[str, Any]:
+  """A JSON Schema for an example value (ToolBench's ``test_endpoint``)."""
+  if isinstance(x, bool):
+    return {"type": "boolean"}
+  if isinstance(x, int):
+    return {"type": "integer"}
+  if isinstance(x, float):
+    return {"type": "number"}
+  if isinstance(x, dict) and depth < 3:
+    props = {str(k): _example_schema(v, depth + 1)
+             for k, v in list(x.items())[:_MAX_FIELDS]}
+    return {"type": "object", "properties": props, "required": list(props)}
+  if isinstance(x, list) and depth < 3:
+    return {"type": "array", "items": _example_schema(x[0], depth + 1) if x else
+            {"type": "string"}}
+  return {"type": "string"}
+
+
+def response_schema(api: dict[str, Any]) -> dict[str, Any]:
+  """The response schema of an API entry.
+
+  ToolBench's ``schema`` when it is a JSON Schema object, else one inferred
+  from the ``test_endpoint`` example when that is a JSON object, else
+  `DEFAULT_RESPONSE` (many entries document nothing, or an error string).
+  """
+  sch = api.get("schema")
+  if isinstance(sch, dict) and isinstance(sch.get("properties"), dict) and sch["properties"]:
+    return {"type": "object", "properties": {
+        str(k): (v if isinstance(v, dict) else {"type": "string"})
+        for k, v in list(sch["properties"].items())[:_MAX_FIELDS]},
+            "required": [r for r in sch.get("required") or [] if r in sch["properties"]]}
+  ex = api.get("test_endpoint")
+  if isinstance(ex, dict) and ex:
+    return _example_schema(ex)
+  return dict(DEFAULT_RESPONSE)
 
 
 def tools_from_json(doc: dict[str, Any], category: str = "uncategorized"
@@ -91,7 +134,7 @@ def tools_from_json(doc: dict[str, Any], category: str = "uncategorized"
     method = str(api.get("method") or "GET").upper()
     desc = str(api.get("description") or "").strip() or (
         f"{api['name']} ({tname}). {tdesc}".strip())
-    response = {"type": "object", "properties": {}, "required": []}
+    response = response_schema(api)
     path = "/" + _snake(api["name"])
     flow = value_flow(provider, method, path, _snake(api["name"]), "", props,
                       {k: "query" for k in props}, response)
