@@ -292,4 +292,7 @@ def train_defaults() -> ml_collections.ConfigDict:
   c.rl = rl_stage.rl_defaults()
   c.pipeline = ml_collections.ConfigDict()
   c.pipeline.stages = ("demos", "sft", "rl")
+  # Test hooks, off by default. nan_at_step=N > 0: the parameters turn to
+  # NaN right before optimizer step N (SFT and RL), to test the NaN stop.
+  c.debug = ml_collections.ConfigDict(dict(nan_at_step=0))
   return c

@@ -39,23 +39,32 @@ def to_floats(metrics: Mapping[str, Any]) -> dict[str, float]:
 
 
 def check_finite(step: int, metrics: Mapping[str, float],
-                 last_good: str | Callable[[], str | None] | None) -> None:
+                 last_good: str | Callable[[], str | None] | None,
+                 context: str = "") -> None:
   """Raises `NonFiniteError` if any metric is NaN or Inf.
+
+  The message is one line, e.g. ``NaN/Inf in 'loss' at step 37; last good
+  checkpoint: /w/sft/checkpoints/30 (not overwritten)``; ``loss`` is named
+  first when it is among the non-finite metrics.
 
   Args:
     step: the training step the metrics belong to.
     metrics: host floats.
     last_good: path of the newest complete checkpoint, None, or a callable
       returning it (called only on failure: it may wait for a pending save).
+    context: shown in parentheses after the step (e.g. the RL iteration).
   """
-  for name in sorted(metrics):
-    value = metrics[name]
-    if not math.isfinite(value):
-      if callable(last_good):
-        last_good = last_good()
-      where = last_good or "none (no checkpoint was written yet)"
-      raise NonFiniteError(f"non-finite {name}={value} at step {step}; "
-                           f"last good checkpoint: {where}")
+  bad = sorted(k for k, v in metrics.items() if not math.isfinite(v))
+  if not bad:
+    return
+  name = "loss" if "loss" in bad else bad[0]
+  if callable(last_good):
+    last_good = last_good()
+  where = (f"{last_good} (not overwritten)" if last_good
+           else "none (no checkpoint was written yet)")
+  ctx = f" ({context})" if context else ""
+  raise NonFiniteError(f"NaN/Inf in {name!r} at step {step}{ctx}; "
+                       f"last good checkpoint: {where}")
 
 
 def truncate_jsonl(path: str, after_step: int) -> int:

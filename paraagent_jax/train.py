@@ -292,6 +292,20 @@ def build_train_state(config, mesh, optimizer, model_cfg,
                     model_cfg, kind or "scratch")
 
 
+def maybe_inject_nan(config, step: int, state):
+  """Test hook: NaN parameters right before step ``debug.nan_at_step``.
+
+  With ``debug.nan_at_step=N`` (N > 0) step N's loss is NaN, the way a real
+  divergence looks to the checks; 0 (the default) is off.
+  """
+  debug = config.get("debug") or {}
+  if not debug.get("nan_at_step", 0) or step != debug.get("nan_at_step"):
+    return state
+  return jax.tree.map(
+      lambda x: x * jnp.nan if jnp.issubdtype(x.dtype, jnp.floating) else x,
+      state)
+
+
 def device_batch(batch: dict[str, np.ndarray], mesh) -> dict[str, jax.Array]:
   """This host's rows -> global arrays sharded over the batch axes."""
   shardings = ts.data_sharding(batch, mesh)
@@ -358,14 +372,23 @@ def run_sft(config, workdir: str) -> dict[str, float]:
       is_primary=jax.process_index() == 0)
   step_rng = jax.random.fold_in(t.rng, 1)
   last: dict[str, float] = {}
+  prev_loss = None
   try:
     for step in range(t.step + 1, config.total_steps + 1):
       batch = next(data)
       writer.add_tokens(batch["attention_mask"].sum() * jax.process_count())
+      t.state = maybe_inject_nan(config, step, t.state)
       t.state, t.opt_state, out = train_step(
           t.state, t.opt_state, device_batch(batch, mesh),
           jax.random.fold_in(step_rng, step))
       t.step = step
+      if prev_loss is not None:
+        # The previous step's loss, fetched once this step is queued: every
+        # step is checked without stalling the device (logging and saving
+        # steps check all their metrics below, before any save).
+        metrics_lib.check_finite(step - 1, {"loss": float(prev_loss)},
+                                 t.checkpointer.last_complete)
+      prev_loss = out["loss"]
       final = step == config.total_steps
       saving = final or t.checkpointer.should_save(step)
       if saving or step % config.log_every == 0:
