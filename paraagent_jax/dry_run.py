@@ -422,7 +422,8 @@ def print_table(report, config, out) -> None:
   slice_name = config.get("slice", "")
   for chip, hbm in HBM_GB.items():
     fits = peaks[worst] <= hbm * 1e9
-    mark = " (this config's slice)" if slice_name.startswith(chip) else ""
+    mark = (" (this config's slice)" if slice_name.startswith(chip)
+            else " on this mesh")
     if fits:
       out(f"  {chip} ({hbm} GB HBM){mark}: FITS, worst phase {worst} "
           f"{peaks[worst] / 1e9:.1f} GB")

@@ -92,7 +92,7 @@ def test_programs_lower_and_sft_compiles(dry):
   assert "compile_s" not in report["programs"]["rl"]
   # A tiny model fits both chips; the verdict says so.
   assert "v5p (95 GB HBM) (this config's slice): FITS" in text
-  assert "v6e (32 GB HBM): FITS" in text
+  assert "v6e (32 GB HBM) on this mesh: FITS" in text
   # Peaks add up: SFT = params + AdamW + its temporaries.
   assert report["peaks"]["sft"] == (report["params"] + report["opt_state"]
                                     + sft["temp"])
