@@ -101,9 +101,11 @@ class Checkpointer:
     self._manager = self._make_manager()
 
   def _make_manager(self) -> ocp.CheckpointManager:
+    # cleanup_tmp_directories: a save killed half way leaves a temporary
+    # step directory (never listed as a step); remove it on the next start.
     options = ocp.CheckpointManagerOptions(
         max_to_keep=self._keep, create=True,
-        enable_async_checkpointing=self._async)
+        enable_async_checkpointing=self._async, cleanup_tmp_directories=True)
     try:
       return ocp.CheckpointManager(self.directory, options=options,
                                    item_names=("model", "opt", "meta"))

@@ -12,11 +12,27 @@ Each iteration:
    loss; ``rl.grpo.levels=("traj",)`` is plain GRPO);
 5. logs success and each level's mean reward (``metrics.jsonl``), evaluates
    greedily on held-out test tasks every ``rl.eval_every`` iterations, and
-   checkpoints (model, optimizer, step, iteration, RNG) with Orbax.
+   checkpoints every ``rl.ckpt_every`` iterations with Orbax.
 
-The run resumes from the workdir's last complete checkpoint; inside the
-pipeline ``config.init_from`` points at the SFT stage. At the end the learning
-curve is saved as ``rl_curve.png`` next to ``metrics.jsonl``.
+Resume. A checkpoint holds the model, the optimizer state, the step, the base
+RNG key and, as its JSON data state, the iteration, the run's metadata
+(`run_meta`: advantage levels, group size, ...) and the learning curve and
+eval history so far. Orbax writes a step into a temporary directory and
+renames it when complete, so a kill at any point leaves the previous step as
+the newest checkpoint. A restart resumes from it: ``metrics.jsonl`` is
+rewritten from the checkpoint's history (no iteration duplicated or missing),
+and iteration ``it`` always samples with the seed `iteration_seed` derives
+from the restored key and ``it``, so a killed and resumed run ends with the
+same parameters and metrics as an uninterrupted one. Resuming with other
+advantage levels than the checkpoint's is refused.
+
+Every optimisation pass's metrics are checked: a NaN/Inf stops the run with
+the step, the metric and the last good checkpoint named, before anything is
+saved (``debug.nan_at_step=N`` injects one, for tests).
+
+Inside the pipeline ``config.init_from`` points at the SFT stage. At the end
+the learning curve is saved as ``rl_curve.png`` next to ``metrics.jsonl``,
+the final evaluation as ``rl_eval.json`` and the metadata as ``rl_run.json``.
 
 Keep this module light at import time: `config_utils.train_defaults` imports
 it for `rl_defaults`.
@@ -33,6 +49,9 @@ from typing import Any, Sequence
 import ml_collections
 
 KINDS = "single,parallel,chain,fanout,mixed"
+# fold_in tag separating the rollout seeds from the train-step keys.
+ROLLOUT_STREAM = 0x5EED
+RUN_META_FILE = "rl_run.json"
 
 
 def rl_defaults() -> ml_collections.ConfigDict:
@@ -57,6 +76,7 @@ def rl_defaults() -> ml_collections.ConfigDict:
   c.max_obs_tokens = 256
   c.eval_every = 5              # iterations; 0 = only at the end
   c.eval_tasks = 40             # held-out test tasks (kinds round robin)
+  c.ckpt_every = 1              # iterations between checkpoints (and the last)
   c.token_budget = 0            # max real tokens per batch; 0 = no budget
   c.grpo = ml_collections.ConfigDict(dict(
       clip_eps_low=0.2, clip_eps_high=0.28, beta=0.0, entropy_coef=0.0,
@@ -69,6 +89,66 @@ def _levels(spec: Any) -> tuple[str, ...]:
   if isinstance(spec, str):
     return tuple(s.strip() for s in spec.split(",") if s.strip())
   return tuple(spec)
+
+
+def iteration_seed(rng, it: int) -> int:
+  """The rollout sampling seed of iteration ``it`` (from the run's base key).
+
+  The key is restored with every checkpoint, so a resumed run samples the
+  same episodes as an uninterrupted one.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  key = jax.random.fold_in(jax.random.fold_in(rng, ROLLOUT_STREAM), it)
+  return int(jax.random.randint(key, (), 0, 2**31 - 1))
+
+
+def run_meta(config, levels: Sequence[str]) -> dict[str, Any]:
+  """What identifies an RL run: stored in its checkpoints and ``rl_run.json``."""
+  rl = config.rl
+  return {"levels": list(levels), "normalize": rl.grpo.normalize,
+          "strategy": rl.strategy, "group_size": int(rl.group_size),
+          "tasks_per_iter": int(rl.tasks_per_iter), "passes": int(rl.passes),
+          "temperature": float(rl.temperature), "seed": int(config.seed),
+          "init_from": config.init_from}
+
+
+def write_json_atomic(path: str, obj: Any) -> None:
+  """Writes JSON via a temporary file and a rename (never half a file)."""
+  tmp = f"{path}.tmp{os.getpid()}"
+  with open(tmp, "w") as f:
+    json.dump(obj, f, indent=1, default=str)
+  os.replace(tmp, path)
+
+
+def resume_history(config, levels, data_state, workdir: str,
+                   primary: bool = True) -> tuple[int, list[dict]]:
+  """(iteration, learning-curve records) of the restored checkpoint.
+
+  Rewrites ``metrics.jsonl`` to exactly those records, so records of
+  iterations after the checkpoint (written before a kill) disappear and
+  none is duplicated.
+
+  Raises:
+    ConfigError: the checkpoint was trained with other advantage levels.
+  """
+  from paraagent_jax import config_utils  # pylint: disable=g-import-not-at-top
+  from paraagent_jax import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
+  data_state = dict(data_state or {})
+  start_it = int(data_state.get("iteration", 0))
+  saved = (data_state.get("meta") or {}).get("levels")
+  if saved is not None and tuple(saved) != tuple(levels):
+    raise config_utils.ConfigError(
+        f"rl: {workdir} was trained with rl.grpo.levels={','.join(saved)}; "
+        f"this config says {','.join(levels)} (use another workdir)")
+  history = [dict(r) for r in data_state.get("history", [])]
+  if primary:
+    os.makedirs(workdir, exist_ok=True)
+    path = os.path.join(workdir, metrics_lib.METRICS_FILE)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+      f.writelines(json.dumps(r) + "\n" for r in history)
+    os.replace(tmp, path)
+  return start_it, history
 
 
 def tokenizer_path(config) -> str:
@@ -155,9 +235,16 @@ def save_curve(workdir: str) -> str | None:
     axes[1].plot(it, [r.get(f"train/rollout/{key}", float("nan")) for r in rows], label=key)
   axes[1].set_xlabel("iteration")
   axes[1].legend()
+  meta_path = os.path.join(workdir, RUN_META_FILE)
+  if os.path.exists(meta_path):
+    with open(meta_path) as f:
+      levels = json.load(f).get("levels", [])
+    fig.suptitle(f"advantage levels: {', '.join(levels)}")
   fig.tight_layout()
   out = os.path.join(workdir, "rl_curve.png")
-  fig.savefig(out, dpi=100)
+  tmp = os.path.join(workdir, "rl_curve.tmp.png")
+  fig.savefig(tmp, dpi=100)
+  os.replace(tmp, out)
   plt.close(fig)
   return out
 
@@ -195,31 +282,45 @@ def run_rl(config: ml_collections.ConfigDict, workdir: str) -> dict:
   model_cfg = train_lib.model_config(config, vocab_size=len(tok))
   opt_cfg = train_lib.optimizer_config(config)
   optimizer = ts.make_optimizer(opt_cfg)
-  t = train_lib.build_train_state(config, mesh, optimizer, model_cfg, workdir)
   gcfg = dict(rl.grpo.to_dict())
   gcfg["levels"] = _levels(gcfg.get("levels", "traj,phase,step"))
   gcfg["num_micro_batches"] = config.num_micro_batches
-  step_fn = grpo.make_train_step(t.graphdef, optimizer, gcfg, mesh)
-  start_it = int((t.data_state or {}).get("iteration", 0))
+  try:
+    grpo_cfg = ts.config_from_mapping(grpo.GRPOConfig, gcfg)
+  except (ValueError, TypeError) as e:
+    raise config_utils.ConfigError(f"rl.grpo: {e}") from None
+  t = train_lib.build_train_state(config, mesh, optimizer, model_cfg, workdir)
+  step_fn = grpo.make_train_step(t.graphdef, optimizer, grpo_cfg, mesh)
+  primary = jax.process_index() == 0
+  meta = run_meta(config, grpo_cfg.levels)
+  start_it, history = resume_history(config, grpo_cfg.levels, t.data_state,
+                                     workdir, primary)
+  if primary:
+    write_json_atomic(os.path.join(workdir, RUN_META_FILE), meta)
   print(f"rl: {t.source} at iteration {start_it}/{rl.iterations} (step {t.step}); "
         f"{rl.tasks_per_iter} tasks x {rl.group_size} samples, levels "
-        f"{gcfg['levels']}, strategy {rl.strategy}; workdir {workdir}", flush=True)
+        f"{grpo_cfg.levels}, strategy {rl.strategy}; workdir {workdir}", flush=True)
 
   policy = policies.JaxPolicy(nnx.merge(t.graphdef, t.state), fmt, max_len=rl.max_len,
                               max_turn_tokens=rl.max_turn_tokens,
                               temperature=rl.temperature, top_k=rl.top_k, top_p=rl.top_p)
   writer = metrics_lib.MetricsWriter(
       workdir, total_steps=rl.iterations, start_step=start_it,
-      tensorboard=config.tensorboard, progress=False,
-      is_primary=jax.process_index() == 0)
+      tensorboard=config.tensorboard, progress=False, is_primary=primary)
+
+  def log(it: int, metrics: dict, prefix: str = "train") -> None:
+    writer.write(it, metrics, prefix)
+    history.append({"step": int(it), **{f"{prefix}/{k}": float(v)
+                                        for k, v in metrics.items()}})
+
   g = rl.group_size
   env = toolenv.VectorToolEnv(catalog, num_envs=rl.tasks_per_iter * g,
                               **toolenv.oracle.env_options(rl.strategy))
-  result: dict[str, float] = {}
+  result = last_eval(history)
   try:
     if start_it == 0 and rl.eval_every:
       before = greedy_eval(policy, fmt, catalog, eval_tasks, rcfg, rl.strategy)
-      writer.write(0, before, "eval")
+      log(0, before, "eval")
       print(f"rl: held-out greedy success before RL {before['success']:.3f}", flush=True)
     for it in range(start_it + 1, rl.iterations + 1):
       t0 = time.perf_counter()
@@ -228,20 +329,28 @@ def run_rl(config: ml_collections.ConfigDict, workdir: str) -> dict:
       group_ids = [j for j in range(len(tasks)) for _ in range(g)]
       policy.update_model(nnx.merge(t.graphdef, t.state))
       res = rollout.run_rollout(policy, env, group_tasks, fmt, rcfg, group_ids=group_ids,
-                                seed=config.seed * 100_003 + it)
+                                seed=iteration_seed(t.rng, it))
       t_roll = time.perf_counter() - t0
       batch = res.trajectory_batch()
       if rl.token_budget:
         from paraagent_jax.rl import batch as batch_lib  # pylint: disable=g-import-not-at-top
         batch, _ = batch_lib.apply_token_budget(batch, rl.token_budget)
       batch = jax.device_put(batch, ts.data_sharding(batch, mesh))
-      out = {}
+      outs = []
       for k in range(rl.passes):
+        t.state = train_lib.maybe_inject_nan(config, t.step + 1, t.state)
         rng = jax.random.fold_in(jax.random.fold_in(t.rng, it), k)
         t.state, t.opt_state, out = step_fn(t.state, t.opt_state, batch, rng)
         t.step += 1
-      m = metrics_lib.to_floats(out)
-      metrics_lib.check_finite(t.step, m, t.checkpointer.last_complete)
+        outs.append(out)
+      # Every pass is checked (a pass's metrics are a few scalars; the
+      # rollout already synchronised), before anything is logged or saved.
+      m = {}
+      for k, out in enumerate(outs):
+        m = metrics_lib.to_floats(out)
+        metrics_lib.check_finite(
+            t.step - len(outs) + 1 + k, m, t.checkpointer.last_complete,
+            context=f"rl iteration {it}, pass {k + 1}/{rl.passes}")
       arr = res.arrays
       m.update({
           "rollout/success": float(np.mean([e["success"] for e in res.episodes])),
@@ -252,7 +361,7 @@ def run_rl(config: ml_collections.ConfigDict, workdir: str) -> dict:
                                        / max(1.0, np.sum(arr["step_mask"]))),
           "rollout/turns": float(np.mean([e["turns"] for e in res.episodes])),
           "time/rollout_s": t_roll, "time/iteration_s": time.perf_counter() - t0})
-      writer.write(it, m)
+      log(it, m)
       print(f"rl: it {it}/{rl.iterations} success {m['rollout/success']:.2f} "
             f"R {m['rollout/traj_reward']:.3f} phase {m['rollout/phase_reward']:.3f} "
             f"step {m['rollout/step_reward']:.3f} loss {m.get('loss', float('nan')):.4f} "
@@ -261,20 +370,34 @@ def run_rl(config: ml_collections.ConfigDict, workdir: str) -> dict:
       if (rl.eval_every and it % rl.eval_every == 0) or final:
         result = greedy_eval(policy_with(policy, nnx.merge(t.graphdef, t.state)), fmt,
                              catalog, eval_tasks, rcfg, rl.strategy)
-        writer.write(it, result, "eval")
+        log(it, result, "eval")
         print(f"rl: held-out greedy success {result['success']:.3f} "
               f"(multi-tool {result.get('success_multi_tool', 0.0):.3f})", flush=True)
-      t.checkpointer.save(t.step, t.state, t.opt_state, data_state={"iteration": it},
-                          rng=t.rng, force=final)
+      if final or (rl.ckpt_every > 0 and it % rl.ckpt_every == 0):
+        # The history rides in the checkpoint's JSON: the curve on disk can
+        # always be rebuilt to match the parameters it resumes from.
+        t.checkpointer.save(
+            t.step, t.state, t.opt_state, rng=t.rng, force=True,
+            data_state={"iteration": it, "meta": meta, "history": list(history)})
   finally:
     writer.close()
     t.checkpointer.close()
+  if not primary:
+    return result
   curve = save_curve(workdir)
   if curve:
     print(f"rl: learning curve {curve}", flush=True)
-  with open(os.path.join(workdir, "rl_eval.json"), "w") as f:
-    json.dump(result, f, indent=1)
+  write_json_atomic(os.path.join(workdir, "rl_eval.json"), result)
   return result
+
+
+def last_eval(history: Sequence[dict]) -> dict[str, float]:
+  """The newest evaluation in ``history`` (metric names without the prefix)."""
+  for rec in reversed(history):
+    ev = {k[len("eval/"):]: v for k, v in rec.items() if k.startswith("eval/")}
+    if ev:
+      return ev
+  return {}
 
 
 def policy_with(policy, model):
