@@ -20,7 +20,8 @@ import json
 from typing import Any, Sequence
 
 from toolenv import rewards as rw
-from toolenv.executor import Executor, canonical_call, canonical_json, digest, error, state_key
+from toolenv.executor import (Executor, canonical_call, canonical_json, digest, error,
+                              state_key, with_defaults)
 from toolenv.schema import GET_TOOL_DOC, META_TOOLS, SEARCH_TOOLS, Call, Step, StepResult
 from toolenv.search import SearchIndex, get_tool_doc
 from toolenv.tasks import Task
@@ -35,8 +36,9 @@ def _short(x: Any, n: int = 60) -> str:
   return s[:n]
 
 
-def _dump(obj: Any) -> str:
-  return json.dumps(obj, ensure_ascii=False, separators=(", ", ": "), default=str)
+# One encoder object: json.dumps with options builds a new one per call.
+_OBS_JSON = json.JSONEncoder(ensure_ascii=False, separators=(", ", ": "), default=str)
+_dump = _OBS_JSON.encode
 
 
 class ToolEnv:
@@ -72,7 +74,9 @@ class ToolEnv:
     self._gold = {}
     for n in task.nodes:
       tool = self.catalog.get(n["tool"])
-      self._gold[canonical_call(tool, n["arguments"])] = n["id"]
+      # = canonical_call(tool, arguments), with the executor's memoised spec.
+      args = with_defaults(tool, n["arguments"], self.executor.spec(tool))
+      self._gold[tool.name + canonical_json(args)] = n["id"]
     self._nodes = {n["id"]: n for n in task.nodes}
     self._gold_tools = set(task.gold_tools)
     return (f"Task: {task.instruction}\n"
@@ -168,11 +172,13 @@ class ToolEnv:
       dup = key in self.seen_calls
       self.seen_calls.add(key)
       return text, "duplicate" if dup else "ok", new, set()
-    out = self.executor.run(name, args, self.state)
+    # The executor returns the canonical call key with the response: the
+    # defaults and canonical JSON are computed once per call, not twice.
+    out, ck = self.executor.run_keyed(name, args, self.state)
     if "error" in out:
       return _dump(out), "error", set(), set()
-    tool = self.catalog[name]
-    ck = canonical_call(tool, args)
+    if self.executor.catalog is not self.catalog:
+      ck = canonical_call(self.catalog[name], args)
     dup = ck in self.seen_calls
     self.seen_calls.add(ck)
     node = self._gold.get(ck)
@@ -269,6 +275,12 @@ class VectorToolEnv:
     self.catalog = catalog
     self._kwargs = kwargs
     kwargs.setdefault("index", SearchIndex.for_catalog(catalog))
+    # One executor for the batch: its memo of base records (a pure function
+    # of seed, entity and id) then serves every episode, e.g. a GRPO group
+    # replaying one task. Episode state stays per env.
+    seed = kwargs.get("seed")
+    kwargs.setdefault("executor", Executor(
+        catalog, seed=catalog.info.get("seed", 0) if seed is None else seed))
     self.envs = [ToolEnv(catalog, **kwargs) for _ in range(num_envs)]
 
   @property

@@ -29,13 +29,17 @@ from toolenv.schema import Tool
 _INT_TYPES = ("integer",)
 MAX_ARG_CHARS = 2_000      # longer arguments are refused, not simulated
 _RECORD_CACHE = 200_000    # memoised base records per executor
+# One encoder object instead of json.dumps(..., options): dumps builds a new
+# JSONEncoder on every call when options are given; the output is the same.
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=str,
+                              ensure_ascii=False)
+_blake2b = hashlib.blake2b
 
 
 def canonical_json(obj: Any) -> str:
   """Compact, key-sorted JSON (``str`` for what JSON cannot hold)."""
   try:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str,
-                      ensure_ascii=False)
+    return _CANONICAL.encode(obj)
   except (TypeError, ValueError, RecursionError):
     # Keys JSON cannot sort or hold (mixed int/str, tuples), cycles: the env
     # must answer such arguments with an error, not crash on them.
@@ -44,21 +48,29 @@ def canonical_json(obj: Any) -> str:
 
 def digest(*parts: Any) -> int:
   """A stable 64-bit integer hash of ``parts``."""
-  h = hashlib.blake2b("\x1f".join(str(p) for p in parts).encode(
-      "utf-8", "replace"), digest_size=8)
+  h = _blake2b("\x1f".join(map(str, parts)).encode("utf-8", "replace"), digest_size=8)
   return int.from_bytes(h.digest(), "little")
 
 
 class _Draw:
-  """A tiny deterministic value source keyed by a string (no global RNG)."""
+  """A tiny deterministic value source keyed by a string (no global RNG).
+
+  Draw ``n`` is ``digest(*key, n)``. The hash of the key prefix is computed
+  once and copied per draw (blake2b is a stream: same bytes, same digest),
+  which is what makes record generation cheap.
+  """
 
   def __init__(self, *key: Any):
     self._key = key
     self._n = 0
+    prefix = ("\x1f".join(map(str, key)) + "\x1f") if key else ""
+    self._h = _blake2b(prefix.encode("utf-8", "replace"), digest_size=8)
 
   def u(self) -> float:
     self._n += 1
-    return digest(*self._key, self._n) / 2.0**64
+    h = self._h.copy()
+    h.update(str(self._n).encode())
+    return int.from_bytes(h.digest(), "little") / 2.0**64
 
   def int(self, lo: int, hi: int) -> int:
     return lo + int(self.u() * (hi - lo + 1))
@@ -106,6 +118,103 @@ def _gen_scalar(sch: dict[str, Any], d: _Draw, field: str) -> Any:
   return d.choice(vocab.WORDS)
 
 
+def _uniforms(h: Any, start: int, n: int) -> list[float]:
+  """Draws ``start+1 .. start+n`` of the `_Draw` whose prefix hash is ``h``."""
+  out = []
+  for i in range(start + 1, start + n + 1):
+    c = h.copy()
+    c.update(str(i).encode())
+    out.append(int.from_bytes(c.digest(), "little") / 2.0**64)
+  return out
+
+
+def _pick(seq: Any, u: float) -> Any:
+  """`_Draw.choice` on a given uniform."""
+  return seq[min(len(seq) - 1, int(u * len(seq)))]
+
+
+# Plan codes of `_scalar_plan` (what `_gen_scalar` does for a schema).
+(_P_CHOICE, _P_PERSON, _P_WORD, _P_TITLE, _P_CODE, _P_DATE, _P_INT, _P_NUM, _P_BOOL,
+ _P_FK, _P_ID) = range(11)
+_PLAN_DRAWS = (1, 2, 1, 2, 2, 2, 1, 1, 1, 0, 0)
+
+
+def _scalar_plan(sch: dict[str, Any], field: str) -> tuple[int, Any, Any]:
+  """`_gen_scalar` compiled for one schema: ``(code, a, b)`` for `_plan_value`.
+
+  Same branches in the same order, same arithmetic (tested against it). Plans
+  are plain tuples, not closures: a catalog's worth of them adds nothing for
+  the cyclic garbage collector to scan.
+  """
+  if "enum" in sch and sch["enum"]:
+    return _P_CHOICE, tuple(sch["enum"]), None
+  gen = sch.get("x-gen")
+  t = sch.get("type", "string")
+  if gen in ("city", "country"):
+    return _P_CHOICE, vocab.CITIES if gen == "city" else vocab.COUNTRIES, None
+  if gen == "person":
+    return _P_PERSON, None, None
+  if gen in ("word", "title"):
+    return (_P_WORD if gen == "word" else _P_TITLE), None, None
+  if gen == "code":
+    return _P_CODE, None, None
+  if sch.get("format") == "date" or gen == "date":
+    return _P_DATE, None, None
+  lo = sch.get("minimum", 0)
+  hi = sch.get("maximum", 1000)
+  if not isinstance(lo, (int, float)) or not isinstance(hi, (int, float)) or hi < lo:
+    lo, hi = 0, 1000
+  if t in _INT_TYPES:
+    ilo = int(math.ceil(lo))
+    return _P_INT, ilo, int(math.floor(hi)) - ilo + 1
+  if t == "number":
+    return _P_NUM, lo, hi - lo
+  if t == "boolean":
+    return _P_BOOL, None, None
+  if field.endswith("id"):
+    return _P_FK, field[:3] or "id", None
+  return _P_CHOICE, vocab.WORDS, None
+
+
+def _plan_value(code: int, a: Any, b: Any, us: list[float], i: int, key: tuple) -> Any:
+  """The value of plan ``(code, a, b)`` from draws ``us[i:]`` (key: the `_Draw` key)."""
+  if code == _P_CHOICE:
+    return a[min(len(a) - 1, int(us[i] * len(a)))]
+  if code == _P_INT:
+    return a + int(us[i] * b)
+  if code == _P_NUM:
+    return round(a + us[i] * b, 2)
+  if code == _P_TITLE:
+    return _pick(vocab.WORDS, us[i]).capitalize() + f" {_pick(vocab.WORDS, us[i + 1])}"
+  if code == _P_DATE:
+    return f"2026-{1 + int(us[i] * 12):02d}-{1 + int(us[i + 1] * 28):02d}"
+  if code == _P_BOOL:
+    return us[i] < 0.5
+  if code == _P_PERSON:
+    return f"{_pick(vocab.FIRST, us[i])} {_pick(vocab.LAST, us[i + 1])}"
+  if code == _P_WORD:
+    return _pick(vocab.WORDS, us[i]).capitalize()
+  if code == _P_CODE:
+    return f"{_pick(vocab.WORDS, us[i])[:3].upper()}{10 + int(us[i + 1] * 90)}"
+  if code == _P_FK:
+    return make_id(a, *key)
+  return key[2]   # _P_ID: the record's own id
+
+
+def _record_plan(schema: dict[str, Any], id_field: str) -> tuple[int, tuple]:
+  """An entity's record schema compiled: ``(draws, ((field, offset, code, a, b), ...))``.
+
+  Each plan's draw count depends only on the schema, never on the values
+  drawn, so a record's draws can all be made first, in one loop.
+  """
+  fields, n = [], 0
+  for k, v in schema.items():
+    code, a, b = (_P_ID, None, None) if k == id_field else _scalar_plan(v, k)
+    fields.append((k, n, code, a, b))
+    n += _PLAN_DRAWS[code]
+  return n, tuple(fields)
+
+
 def gen_from_schema(sch: Any, d: _Draw, field: str = "", depth: int = 0) -> Any:
   """A value that conforms to ``sch`` (objects and arrays recursively)."""
   if not isinstance(sch, dict) or depth > 6:
@@ -147,17 +256,33 @@ def error(kind: str, message: str, tool: Any = None) -> dict[str, Any]:
   return out
 
 
-def validate(tool: Tool, arguments: Any) -> dict[str, Any] | None:
+class ToolSpec:
+  """What validation needs of a tool, read once (``Tool.properties`` copies a dict per access)."""
+
+  __slots__ = ("tool", "props", "required", "defaults", "param_list")
+
+  def __init__(self, tool: Tool):
+    self.tool = tool
+    # The tool's own dict, not a copy: read only.
+    self.props = tool.parameters.get("properties", {})
+    self.required = tuple(tool.required)
+    self.defaults = tuple((k, sch["default"]) for k, sch in self.props.items()
+                          if isinstance(sch, dict) and "default" in sch)
+    self.param_list = ", ".join(self.props) or "none"
+
+
+def validate(tool: Tool, arguments: Any, spec: ToolSpec | None = None) -> dict[str, Any] | None:
   """The error of calling ``tool`` with ``arguments``, or None if valid."""
   if not isinstance(arguments, dict):
     return error("bad_arguments", "arguments must be a JSON object, got "
                  f"{type(arguments).__name__}", tool.name)
-  props = tool.properties
+  spec = spec or ToolSpec(tool)
+  props = spec.props
   for k in arguments:
     if k not in props:
       return error("unknown_argument", f"{tool.name} has no parameter {str(k)[:40]!r}; "
-                   f"parameters: {', '.join(props) or 'none'}", tool.name)
-  for k in tool.required:
+                   f"parameters: {spec.param_list}", tool.name)
+  for k in spec.required:
     if k not in arguments:
       return error("missing_argument", f"missing required argument {k!r}", tool.name)
   for k, v in arguments.items():
@@ -181,12 +306,13 @@ def validate(tool: Tool, arguments: Any) -> dict[str, Any] | None:
   return None
 
 
-def with_defaults(tool: Tool, arguments: dict[str, Any]) -> dict[str, Any]:
+def with_defaults(tool: Tool, arguments: dict[str, Any],
+                  spec: ToolSpec | None = None) -> dict[str, Any]:
   """``arguments`` plus the declared defaults of the omitted parameters."""
   out = dict(arguments)
-  for k, sch in tool.properties.items():
-    if k not in out and isinstance(sch, dict) and "default" in sch:
-      out[k] = sch["default"]
+  for k, default in (spec or ToolSpec(tool)).defaults:
+    if k not in out:
+      out[k] = default
   return out
 
 
@@ -207,6 +333,14 @@ class Executor:
     self.catalog = catalog
     self.seed = seed
     self._records: dict[tuple[str, str], dict[str, Any]] = {}
+    self._specs: dict[str, ToolSpec] = {}
+
+  def spec(self, tool: Tool) -> ToolSpec:
+    """The `ToolSpec` of ``tool``, memoised by name (checked by identity)."""
+    spec = self._specs.get(tool.name)
+    if spec is None or spec.tool is not tool:
+      spec = self._specs[tool.name] = ToolSpec(tool)
+    return spec
 
   @staticmethod
   def new_state() -> dict[str, Any]:
@@ -225,10 +359,10 @@ class Executor:
     # GRPO group replays the same task and reads the same records many times.
     base = self._records.get((tag, rid))
     if base is None:
-      schema = self._record_schema(tool)
-      d = _Draw(self.seed, tag, rid)
-      base = {k: (rid if k == meta["id_field"] else _gen_scalar(v, d, k))
-              for k, v in schema.items()}
+      draws, plan = self._record_plan(tool)
+      key = (self.seed, tag, rid)
+      us = _uniforms(_Draw(*key)._h, 0, draws)  # pylint: disable=protected-access
+      base = {k: _plan_value(code, a, b, us, off, key) for k, off, code, a, b in plan}
       if len(self._records) >= _RECORD_CACHE:
         self._records.clear()
       self._records[(tag, rid)] = base
@@ -246,15 +380,29 @@ class Executor:
       cache[key] = dict((get or tool).response.get("properties", {}))
     return cache[key]
 
+  def _record_plan(self, tool: Tool) -> tuple[int, tuple]:
+    """The `_record_plan` of ``tool``'s entity (memoised)."""
+    cache = self.__dict__.setdefault("_plan_cache", {})
+    key = (tool.provider, tool.meta["entity"])
+    plan = cache.get(key)
+    if plan is None:
+      plan = cache[key] = _record_plan(self._record_schema(tool), tool.meta["id_field"])
+    return plan
+
   def call(self, tool: Tool, arguments: dict[str, Any],
            state: dict[str, Any]) -> dict[str, Any]:
     """Runs one validated call; write tools change ``state`` in place."""
-    args = with_defaults(tool, arguments)
+    args = with_defaults(tool, arguments, self.spec(tool))
+    return self._simulate(tool, args, canonical_json(args), state)
+
+  def _simulate(self, tool: Tool, args: dict[str, Any], cj: str,
+                state: dict[str, Any]) -> dict[str, Any]:
+    """`call` on arguments with defaults filled; ``cj`` is their canonical JSON."""
     kind = tool.meta.get("kind")
     # Real catalogs' tools are simulated from their schemas (value flow by
     # field names); only procedural tools carry the entity semantics below.
     if tool.source != "procedural" or kind is None:
-      return gen_from_schema(tool.response, _Draw(self.seed, canonical_call(tool, args)))
+      return gen_from_schema(tool.response, _Draw(self.seed, tool.name + cj))
     if kind == "convert":
       d = _Draw(self.seed, tool.name, args["from_unit"], args["to_unit"])
       rate = 1.0 if args["from_unit"] == args["to_unit"] else round(0.2 + 4 * d.u(), 4)
@@ -275,10 +423,10 @@ class Executor:
         item = {idf: rid, "name": rec.get("name"),
                 meta["filter_field"]: fval or rec.get(meta["filter_field"])}
         items.append(item)
-      count = digest(self.seed, tool.name, "count", canonical_json(args)) % 400 + n
+      count = digest(self.seed, tool.name, "count", cj) % 400 + n
       return {key: items, "count": count}
     if kind == "create":
-      rid = make_id(prefix, self.seed, "new", canonical_json(args))
+      rid = make_id(prefix, self.seed, "new", cj)
       fields = {"name": args["name"], meta["update_field"]: args[meta["update_field"]]}
       state["records"].setdefault(tag, {})[rid] = fields
       return {idf: rid, "status": "created"}
@@ -301,19 +449,31 @@ class Executor:
     if kind == "delete":
       recs[rid] = None
       return {idf: rid, "status": "deleted"}
-    return gen_from_schema(tool.response, _Draw(self.seed, canonical_call(tool, args)))
+    return gen_from_schema(tool.response, _Draw(self.seed, tool.name + cj))
 
   def run(self, name: Any, arguments: Any, state: dict[str, Any]) -> dict[str, Any]:
     """Validates then runs a call by name; unknown tools are an error response."""
+    return self.run_keyed(name, arguments, state)[0]
+
+  def run_keyed(self, name: Any, arguments: Any,
+                state: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """`run`, plus the call's `canonical_call` key (None if the call was invalid).
+
+    The env needs the key (duplicates, gold nodes); computing it here reuses
+    the defaults and the canonical JSON the simulation needs anyway.
+    """
     tool = self.catalog.get(name) if isinstance(name, str) else None
     if tool is None:
       shown = name[:60] if isinstance(name, str) else type(name).__name__
       return error("unknown_tool", f"no tool named {shown!r}; use search_tools to "
-                   "find tools", name)
-    err = validate(tool, arguments)
+                   "find tools", name), None
+    spec = self.spec(tool)
+    err = validate(tool, arguments, spec)
     if err is not None:
-      return err
-    return self.call(tool, arguments, state)
+      return err, None
+    args = with_defaults(tool, arguments, spec)
+    cj = canonical_json(args)
+    return self._simulate(tool, args, cj, state), tool.name + cj
 
 
 def state_key(state: dict[str, Any]) -> str:
