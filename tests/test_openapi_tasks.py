@@ -222,3 +222,20 @@ def test_real_catalog_oracle_sample():
     sample = gen.generate(40, split=s)
     parts, _ = run_oracle(cat, sample, "paraact")
     assert all(p["success"] and p["completed"] == p["nodes"] for p in parts), s
+
+
+def test_ranges_in_order_and_shared_arguments_kept(gen):
+  import random  # pylint: disable=g-import-not-at-top
+  from toolenv.schema import Tool  # pylint: disable=g-import-not-at-top
+  s = {"type": "string"}
+  tool = Tool("x_report", "c", "x.test", "Get a report", source="openapi", parameters={
+      "type": "object", "required": ["startDate", "EndDate", "admin", "photo", "org_id"],
+      "properties": {"startDate": s, "EndDate": s, "admin": s, "photo": s, "org_id": s}})
+  g = gen
+  for i in range(30):
+    args = g._args(random.Random(i), tool, same={"org_id": "org-000001"})  # pylint: disable=protected-access
+    assert args["startDate"] <= args["EndDate"]        # ISO dates compare as strings
+    assert args["org_id"] == "org-000001"
+  # "admin" / "photo" are no range ends: left as drawn (not always ordered).
+  drawn = [g._args(random.Random(i), tool) for i in range(30)]  # pylint: disable=protected-access
+  assert any(a["admin"] > a["photo"] for a in drawn)

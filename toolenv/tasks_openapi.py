@@ -61,6 +61,11 @@ _VERBS = frozenset(
     "restore retrieve return revoke run save search send set show start stop "
     "submit subscribe suggest sync test track transfer translate unsubscribe "
     "update upload upsert validate verify view".split())
+# Word starts only: "admin" is no minimum, "photo" no upper end.
+_RANGE_LO = re.compile(r"(?:^|_)(?i:start|from|since|begin|min)(?![a-z])|"
+                       r"(?<=[a-z])(?:Start|From|Since|Begin|Min)(?![a-z])")
+_RANGE_HI = re.compile(r"(?:^|_)(?i:end|until|to|max)(?![a-z])|"
+                       r"(?<=[a-z])(?:End|Until|To|Max)(?![a-z])")
 _GENERIC_KEYS = ("items", "data", "results", "value", "values", "records",
                  "embedded", "content", "entries")
 
@@ -413,10 +418,31 @@ class OpenAPITaskGenerator(TaskGenerator):
       out.append(self._leaf(rng, name))
     return out
 
-  def _args(self, rng, tool, skip=()) -> dict[str, Any]:
-    """Every required argument (but ``skip``), sometimes one optional enum."""
+  def _args(self, rng, tool, skip=(), same: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Every required argument (but ``skip``), sometimes one optional enum.
+
+    A parameter named as one of ``same`` (the previous call's arguments)
+    keeps that value, as a user means the same org or repo in both calls.
+    """
     ent = tool.meta.get("entity", "")
-    args = {p: arg_value(p, tool.properties[p], rng, ent) for p in tool.required if p not in skip}
+    same = same or {}
+    args = {}
+    for p in tool.required:
+      if p in skip:
+        continue
+      sch = tool.properties[p]
+      v = arg_value(p, sch, rng, ent)
+      if p in same and type(same[p]) is type(v) and same[p] in sch.get("enum", [same[p]]):
+        v = same[p]
+      args[p] = v
+    # A range the user states in order: start/from before end/to.
+    lo = [p for p in args if _RANGE_LO.search(p)]
+    hi = [p for p in args if _RANGE_HI.search(p) and p not in lo]
+    if len(lo) == 1 and len(hi) == 1 and type(args[lo[0]]) is type(args[hi[0]]) and isinstance(
+        args[lo[0]], (str, int, float)) and not isinstance(args[lo[0]], bool) and (
+            args[lo[0]] > args[hi[0]]) and not (
+                tool.properties[lo[0]].get("enum") or tool.properties[hi[0]].get("enum")):
+      args[lo[0]], args[hi[0]] = args[hi[0]], args[lo[0]]
     opt = [p for p, s in tool.properties.items() if p not in tool.required
            and isinstance(s, dict) and s.get("enum")]
     if opt and rng.random() < OPTIONAL_PROB:
@@ -467,7 +493,8 @@ class OpenAPITaskGenerator(TaskGenerator):
   def _chain(self, rng, pair, late=False) -> dict[str, Any]:
     pname, path, cname, param = pair
     prod, cons = self.catalog[pname], self.catalog[cname]
-    pargs, cargs = self._args(rng, prod), self._args(rng, cons, skip=(param,))
+    pargs = self._args(rng, prod)
+    cargs = self._args(rng, cons, skip=(param,), same=pargs)
     calls = [(prod, pargs), (cons, {param: ("$ref", 0, _ref_path(path, 0)), **cargs})]
     queries = [self._query(prod), self._query(cons)]
     text = (f"On {self._where(prod)}, {action_phrase(prod.description)}{_args_text(pargs)}; "
@@ -478,7 +505,7 @@ class OpenAPITaskGenerator(TaskGenerator):
     if nxt is not None and rng.random() < CHAIN3_PROB:
       path2, dname, param2 = nxt
       dtool = self.catalog[dname]
-      dargs = self._args(rng, dtool, skip=(param2,))
+      dargs = self._args(rng, dtool, skip=(param2,), same={**pargs, **cargs})
       calls.append((dtool, {param2: ("$ref", 1, _ref_path(path2, 0)), **dargs}))
       queries.append(self._query(dtool))
       text += (f"; after that, {self._link(cname, path2, param2)} and "
@@ -513,7 +540,8 @@ class OpenAPITaskGenerator(TaskGenerator):
     prod, cons = self.catalog[pname], self.catalog[cname]
     k = rng.choice((2, 3, 3))
     k = min(k, MAX_FANOUT)
-    pargs, cargs = self._args(rng, prod), self._args(rng, cons, skip=(param,))
+    pargs = self._args(rng, prod)
+    cargs = self._args(rng, cons, skip=(param,), same=pargs)
     calls = [(prod, pargs)]
     calls += [(cons, {param: ("$ref", 0, _ref_path(path, i)), **cargs}) for i in range(k)]
     apath, label = self._answer(rng, cname)
