@@ -280,6 +280,7 @@ def train_defaults() -> ml_collections.ConfigDict:
   c.log_every = 10
   c.eval_every = 0           # 0 = no validation loss
   c.eval_batches = 2
+  c.sft_eval_tasks = 0       # > 0: greedy ParaAct on that many test tasks after SFT
   c.ckpt_every = 50
   c.keep_ckpts = 3
   c.async_ckpt = True

@@ -77,6 +77,43 @@ def test_perfect_scripted_demos_are_the_oracle_and_replay(cat, tasks):
     assert demo["roles"] == want_roles
 
 
+def test_short_demos_top_k_and_thoughts(cat, tasks):
+  """search_top_k=3 puts top_k in every search call and three results in
+  every search block; thoughts="plan" keeps only the first step's thought
+  (the planner's count) and "none" none; the calls stay the oracle's."""
+  gold = [[_sig(s)[:2] for s in toolenv.oracle.solve(t)] for t in tasks]
+  for thoughts in ("plan", "none"):
+    orch = orchestrator.Orchestrator(
+        cat, roles.scripted_roles(cat, roles.Imperfection(), search_top_k=3),
+        thoughts=thoughts)
+    kept, _ = orch.run(tasks)
+    assert len(kept) == len(tasks)
+    for demo, want in zip(kept, gold):
+      _check_shape(demo)
+      steps = _assistant_steps(demo)
+      searches = [c for s in steps for c in s.calls if c.name == "search_tools"]
+      assert searches and all(c.arguments.get("top_k") == 3 for c in searches)
+      # Same tools and arguments as the oracle, apart from the added top_k.
+      strip = lambda calls: [(n, {k: v for k, v in a.items() if k != "top_k"})
+                             for n, a in calls]
+      assert [(p, strip(c)) for p, c in (_sig(s)[:2] for s in steps)] == [
+          (p, strip(c)) for p, c in want]
+      texts = [m["content"] for m in demo["messages"] if m["role"] == "assistant"]
+      heads = [t.split("\n", 1)[0] for t in texts if not t.startswith("<answer>")]
+      if thoughts == "none":
+        assert all(h in ("<explore>", "<execute>") for h in heads)
+      else:
+        assert heads[0].startswith("<explore> Plan: ")
+        assert all(h in ("<explore>", "<execute>") for h in heads[1:])
+      for m in demo["messages"]:
+        if m["role"] == "tool" and m["content"].startswith("[1] search_tools:"):
+          # One block per search call, at most three result lines each.
+          blocks = [b for b in m["content"].split("\n[") if b]
+          assert all(len(b.strip().splitlines()) <= 3 for b in blocks)
+  with pytest.raises(ValueError, match="thoughts"):
+    orchestrator.Orchestrator(cat, roles.scripted_roles(cat), thoughts="some")
+
+
 @pytest.fixture(scope="module")
 def full_cat():
   # The 50,011-tool catalog: with only 3,000 tools a brandless search still

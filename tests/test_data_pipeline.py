@@ -286,3 +286,56 @@ def test_tokenizer_round_trip_and_atomic_tokens(source, tmp_path):
   assert ids[specials.index("<call>")][0] in glued
   assert len(hf) <= 500
   assert os.path.exists(os.path.join(out, "tokenizer.json"))
+
+
+def test_length_buckets_group_similar_lengths(sft_config, tok):
+  del tok
+  cfg = ml_collections.ConfigDict(dict(sft_config.to_dict(), length_bucket=16))
+  data = demonstrations.make_sft_data(cfg, split="train", batch_size=2,
+                                      seq_len=256, seed=7)
+  plain = demonstrations.make_sft_data(sft_config, split="train", batch_size=2,
+                                       seq_len=256, seed=7)
+  n = data.num_examples
+  assert n == 9
+  assert plain.batch(0)["tokens"].shape == (2, 256)
+  lengths = {i: len(e[0])
+             for i, e in zip(plain.ids, plain._examples)}  # pylint: disable=protected-access
+  assert len(set(lengths.values())) == n      # the fixture's lengths differ
+  epoch = [data.ids[data.example_index(p)] for p in range(n)]
+  assert sorted(epoch) == sorted(data.ids)    # still every example once
+  # 4 full batches fit in one window: the 8 examples before the leftover
+  # one, sorted by length, cut into consecutive pairs, are the batches.
+  by_len = sorted(epoch[:8], key=lengths.get)
+  want = {frozenset(by_len[i:i + 2]) for i in range(0, 8, 2)}
+  got = {frozenset(epoch[i:i + 2]) for i in range(0, 8, 2)}
+  assert got == want
+  for b in range(4):
+    batch = data.batch(b)
+    t = batch["tokens"].shape[1]
+    longest = int(batch["attention_mask"].sum(1).max())
+    assert t % 16 == 0 and longest <= t < longest + 16
+    # Same rows as the unbucketed layout, only less padding.
+    for r in range(2):
+      ids = data._examples[data.example_index(2 * b + r)][0]  # pylint: disable=protected-access
+      np.testing.assert_array_equal(batch["tokens"][r, :len(ids)], ids)
+      assert batch["attention_mask"][r].sum() == len(ids)
+  # Two hosts agree on each batch's length and split its rows.
+  hosts = [demonstrations.make_sft_data(
+      cfg, split="train", batch_size=1, seq_len=256, seed=7,
+      process_index=h, process_count=2) for h in range(2)]
+  for b in range(4):
+    h0, h1 = hosts[0].batch(b), hosts[1].batch(b)
+    assert h0["tokens"].shape == h1["tokens"].shape == (1, data.batch_len(b))
+    assert _rows(h0) + _rows(h1) == _rows(data.batch(b))
+  for bad in (-1, "64,x", "0,64"):
+    with pytest.raises(ValueError, match="length_bucket"):
+      demonstrations.make_sft_data(
+          ml_collections.ConfigDict(dict(sft_config.to_dict(), length_bucket=bad)),
+          split="train", batch_size=2, seq_len=256, seed=7)
+
+
+def test_bucket_lengths():
+  assert demonstrations.bucket_lengths(0, 512) == []
+  assert demonstrations.bucket_lengths(128, 512) == [128, 256, 384, 512]
+  assert demonstrations.bucket_lengths("300, 100", 256) == [100, 256]
+  assert demonstrations.bucket_lengths((100, 900), 512) == [100, 512]

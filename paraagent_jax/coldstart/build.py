@@ -20,7 +20,9 @@ Config keys (``config.data``): catalog, num_tasks, backend ("scripted" or
 "chat"), seed; optional: test_tasks (default max(8, num_tasks // 10)),
 imperfection (dict of `roles.Imperfection` fields or a float scaling the
 default mix; default the default mix), kinds, batch_size, chat (dict:
-base_url, model, cache_dir, max_workers, temperature).
+base_url, model, cache_dir, max_workers, temperature), search_top_k (the
+scripted explorers pass it to ``search_tools``; 0 = the env's default 5),
+thoughts ("full", "plan" or "none": see `orchestrator.Orchestrator`).
 """
 
 from __future__ import annotations
@@ -95,8 +97,9 @@ def make_roles(data_cfg, catalog, seed: int) -> roles_lib.RoleSet:
   """The role backend named by ``data_cfg.backend``."""
   backend = _get(data_cfg, "backend", "scripted")
   if backend == "scripted":
+    top_k = int(_get(data_cfg, "search_top_k", 0)) or None
     return roles_lib.scripted_roles(catalog, imperfection_from(
-        _get(data_cfg, "imperfection", None)), seed=seed)
+        _get(data_cfg, "imperfection", None)), seed=seed, search_top_k=top_k)
   if backend == "chat":
     from paraagent_jax.api_client import ChatClient  # pylint: disable=g-import-not-at-top
     from paraagent_jax.coldstart import chat_roles  # pylint: disable=g-import-not-at-top
@@ -130,7 +133,7 @@ def build_demonstrations(config, out_dir: str) -> dict:
   gen = toolenv.TaskGenerator(catalog, seed=seed)
   roles = make_roles(data, catalog, seed)
   orch = orch_lib.Orchestrator(catalog, roles, batch_size=int(_get(data, "batch_size", 256)),
-                               verbose=True)
+                               verbose=True, thoughts=str(_get(data, "thoughts", "full")))
   os.makedirs(out_dir, exist_ok=True)
   stats: dict[str, Any] = {"backend": roles.name, "seed": seed}
   for split, n in (("train", num_tasks), ("test", num_test)):

@@ -177,9 +177,13 @@ class ScriptedExplorer(Role):
 
   name = "explorer"
 
-  def __init__(self, imperfection: Imperfection, seed: int = 0):
+  def __init__(self, imperfection: Imperfection, seed: int = 0,
+               top_k: int | None = None):
     self.imp = imperfection
     self.seed = seed
+    # An explicit top_k in the call: fewer results make shorter observations
+    # (the CPU demo's context budget); None leaves the env's default.
+    self.top_k = top_k
 
   def act(self, context: Context) -> RoleOutput:
     sg = context.subgoal
@@ -192,7 +196,10 @@ class ScriptedExplorer(Role):
     if context.attempt == 0 and _rng(self.seed, context.task, "vague", sg.id).random() < (
         self.imp.vague_search):
       query = vague_query(sg.need)
-    return RoleOutput(self.name, call=Call(SEARCH_TOOLS, {"query": query}))
+    args: dict[str, Any] = {"query": query}
+    if self.top_k:
+      args["top_k"] = int(self.top_k)
+    return RoleOutput(self.name, call=Call(SEARCH_TOOLS, args))
 
 
 def break_arguments(arguments: dict[str, Any], required: Sequence[str]) -> dict[str, Any]:
@@ -275,10 +282,15 @@ class RoleSet:
 
 
 def scripted_roles(catalog, imperfection: Imperfection | None = None,
-                   seed: int = 0) -> RoleSet:
-  """The scripted backend (gold information with ``imperfection``)."""
+                   seed: int = 0, search_top_k: int | None = None) -> RoleSet:
+  """The scripted backend (gold information with ``imperfection``).
+
+  ``search_top_k``: the explorers pass this ``top_k`` to ``search_tools``
+  (None: they leave it to the environment's default).
+  """
   imp = imperfection or Imperfection()
-  return RoleSet(planner=ScriptedPlanner(), explorer=ScriptedExplorer(imp, seed),
+  return RoleSet(planner=ScriptedPlanner(),
+                 explorer=ScriptedExplorer(imp, seed, top_k=search_top_k),
                  executor=ScriptedExecutor(catalog, imp, seed), answerer=ScriptedAnswerer())
 
 

@@ -17,6 +17,14 @@ One demonstration per row, right-padded: the SFT loss and the model take only
 a key-padding mask (no segment ids), so packing several conversations into a
 row would let them attend to each other.
 
+Length buckets (``data.length_bucket``): each epoch's permutation is cut
+into windows of ``BUCKET_WINDOW`` global batches; a window is sorted by
+length, cut into global batches and the batches are shuffled; a batch is
+padded to the first bucket length that holds its longest row. Rows of a
+batch then have similar lengths, so little compute goes to padding; each
+bucket length is one compiled shape, so keep them few. The order is still a
+pure function of (seed, epoch, position): resuming is exact.
+
 Order: position ``p`` of the endless stream is example ``perm_e[p % N]`` of
 epoch ``e = p // N``, ``perm_e`` a permutation seeded by (seed, e); row ``r``
 of batch ``i`` on host ``h`` of ``H`` is position ``(i * H + h) * B + r``, so
@@ -30,12 +38,16 @@ hosts read disjoint rows and the position is one integer (exact resume).
   catalog: the TFDS builder config (default "procedural").
   tfds_dir: TFDS data directory; "" means ``<data_dir>/tfds``.
   overlong: "drop" (default) or "truncate" for conversations over seq_len.
+  length_bucket: 0 (default: every batch is seq_len long), an int L (buckets
+    at the multiples of L) or a string of lengths "512,768,1024" (seq_len is
+    always the last bucket).
 """
 
 from __future__ import annotations
 
+import bisect
 import os
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -46,6 +58,7 @@ from paraagent_jax.data import tfds_builders
 # train.py evaluates on "validation"; the held-out demonstrations are "test".
 _SPLIT_ALIASES = {"train": "train", "validation": "test", "test": "test"}
 OVERLONG_MODES = ("drop", "truncate")
+BUCKET_WINDOW = 32   # global batches sorted together by length
 
 
 def encode_demonstrations(encoder: tokenizer_lib.ChatEncoder, conversations
@@ -95,6 +108,31 @@ def encode_demonstrations(encoder: tokenizer_lib.ChatEncoder, conversations
   return out
 
 
+def bucket_lengths(spec: int | str | Sequence[int], seq_len: int) -> list[int]:
+  """Sorted padded lengths of ``data.length_bucket`` ([] = no buckets).
+
+  Raises:
+    ValueError: a negative or non-integer bucket.
+  """
+  if isinstance(spec, str):
+    try:
+      lengths = [int(x) for x in spec.split(",") if x.strip()]
+    except ValueError:
+      raise ValueError(f"length_bucket={spec!r}: expected an int or comma-"
+                       "separated ints") from None
+  elif isinstance(spec, (int, np.integer)):
+    if spec < 0:
+      raise ValueError(f"length_bucket={spec} must be >= 0")
+    lengths = list(range(int(spec), seq_len, int(spec))) if spec else []
+  else:
+    lengths = [int(x) for x in spec]
+  if not lengths:
+    return []
+  if min(lengths) <= 0:
+    raise ValueError(f"length_bucket={spec!r}: lengths must be > 0")
+  return sorted({x for x in lengths if x < seq_len} | {seq_len})
+
+
 def _get(cfg, key: str, default):
   if cfg is None:
     return default
@@ -132,7 +170,7 @@ class DemonstrationSFTData:
   def __init__(self, records, tokenizer, *, batch_size: int, seq_len: int,
                seed: int = 0, split: str = "train", overlong: str = "drop",
                process_index: int = 0, process_count: int = 1,
-               encoded=None):
+               encoded=None, length_bucket: int | str | Sequence[int] = 0):
     if overlong not in OVERLONG_MODES:
       raise ValueError(f"overlong={overlong!r}; expected one of "
                        f"{OVERLONG_MODES}")
@@ -163,6 +201,8 @@ class DemonstrationSFTData:
       self.ids.append(rec["id"])
       self._examples.append((ids, mask))
     self.num_examples = len(self._examples)
+    self.buckets = bucket_lengths(length_bucket, self.seq_len)
+    self._lengths = np.asarray([len(ids) for ids, _ in self._examples], np.int64)
     if not self._examples:
       raise ValueError(f"split {split!r}: no demonstration fits seq_len="
                        f"{seq_len} ({self.num_dropped} dropped)")
@@ -188,8 +228,33 @@ class DemonstrationSFTData:
       if len(self._perms) > 4:
         self._perms.clear()
       rng = np.random.default_rng([self._seed, epoch])
-      self._perms[epoch] = rng.permutation(self.num_examples)
+      perm = rng.permutation(self.num_examples)
+      if self.buckets:
+        perm = self._group_by_length(perm, rng)
+      self._perms[epoch] = perm
     return self._perms[epoch]
+
+  def _group_by_length(self, perm: np.ndarray, rng) -> np.ndarray:
+    """``perm`` with each window sorted by length and its batches shuffled."""
+    g = self.batch_size * self._process_count          # one global batch
+    n_full = len(perm) // g * g
+    out = []
+    for start in range(0, n_full, g * BUCKET_WINDOW):
+      window = perm[start:min(start + g * BUCKET_WINDOW, n_full)]
+      window = window[np.argsort(self._lengths[window], kind="stable")]
+      blocks = window.reshape(-1, g)
+      out.append(blocks[rng.permutation(len(blocks))].reshape(-1))
+    out.append(perm[n_full:])   # the partial batch stays last
+    return np.concatenate(out)
+
+  def batch_len(self, index: int) -> int:
+    """Padded length T of batch ``index`` (the same on every host)."""
+    if not self.buckets:
+      return self.seq_len
+    g = self.batch_size * self._process_count
+    longest = max(self._lengths[self.example_index(index * g + r)]
+                  for r in range(g))
+    return self.buckets[bisect.bisect_left(self.buckets, longest)]
 
   def example_index(self, position: int) -> int:
     """Index (into `ids`) of the example at a stream position."""
@@ -198,7 +263,7 @@ class DemonstrationSFTData:
 
   def batch(self, index: int) -> dict[str, np.ndarray]:
     """Batch number ``index`` (this host's rows), without moving."""
-    b, t = self.batch_size, self.seq_len
+    b, t = self.batch_size, self.batch_len(index)
     tokens = np.full((b, t), self._pad, np.int32)
     loss_mask = np.zeros((b, t), np.float32)
     attention = np.zeros((b, t), np.int32)
@@ -292,7 +357,7 @@ def make_sft_data(data_config, *, split: str, batch_size: int, seq_len: int,
       records, tok, batch_size=batch_size, seq_len=seq_len, seed=seed,
       split=split, overlong=str(_get(data_config, "overlong", "drop")),
       process_index=process_index, process_count=process_count,
-      encoded=encoded)
+      encoded=encoded, length_bucket=_get(data_config, "length_bucket", 0))
   print(f"demonstrations[{split}]: {data.num_examples} examples, "
         f"{data.num_dropped} dropped and {data.num_truncated} truncated "
         f"(over {seq_len} tokens), vocab {data.vocab_size}", flush=True)

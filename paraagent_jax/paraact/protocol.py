@@ -57,10 +57,9 @@ STOP_STRINGS = (STEP_CLOSE, ANSWER_CLOSE)
 PLAN, ACTION, ANSWER_KIND = 0, 1, 2
 
 META_TOOLS = (
-    "search_tools(query: str, top_k: int = 5): search the tool catalog; returns "
-    "the names and one-line descriptions of the best matching tools.",
-    "get_tool_doc(name: str): the full interface of one tool: its parameters, "
-    "their types and which are required.",
+    "search_tools(query: str, top_k: int = 5): the best matching tools, each "
+    "with a one-line description and its parameters (* = required).",
+    "get_tool_doc(name: str): the full interface of one tool.",
 )
 
 _OPEN_RE = re.compile(r"<(explore|execute|answer)>")
@@ -250,17 +249,17 @@ def token_kinds(offsets: Sequence[tuple[int, int]],
 
 
 def system_prompt(extra: str = "") -> str:
-  """System prompt that explains the ParaAct format and the meta-tools."""
+  """System prompt that explains the ParaAct format and the meta-tools.
+
+  Kept short on purpose: it is a prefix of every episode, so on the CPU demo
+  each of its tokens is paid for in every SFT row and every rollout.
+  """
   tools = "\n".join(f"- {t}" for t in META_TOOLS)
   text = (
-      "You solve tasks with tools you must first find in a large catalog.\n"
+      "Find the tools you need in a large catalog, then call them.\n"
       "Meta-tools:\n" + tools + "\n"
-      "Each turn is one step. An explore step calls only meta-tools; an execute "
-      "step calls only catalog tools. Put independent calls in the same step: "
-      "they run in parallel. Format:\n"
-      "<explore> short thought\n"
-      '<call>{"name": "search_tools", "arguments": {"query": "..."}}</call>\n'
-      "</step>\n"
+      "One step per turn. <explore> calls meta-tools; <execute> calls catalog "
+      "tools. Independent calls go in one step and run in parallel:\n"
       "<execute> short thought\n"
       '<call>{"name": "tool_name", "arguments": {"param": "value"}}</call>\n'
       "</step>\n"
