@@ -451,8 +451,10 @@ def run_pipeline(config, workdir: str) -> dict:
     if os.path.exists(done):
       print(f"pipeline: {stage} already done ({done})", flush=True)
       continue
+    # Each stage's directory is a run of its own: evaluate --checkpoint and
+    # export_hf --workdir read the model config from its config.json.
+    write_config(stage_cfg, sub)
     results[stage] = STAGES[stage](stage_cfg, sub) or {}
-    os.makedirs(sub, exist_ok=True)
     with open(done, "w") as f:
       json.dump({"stage": stage, "result": results[stage]}, f, default=str)
   return results
@@ -471,11 +473,16 @@ def run(config, workdir: str):
   if config.stage not in STAGES:
     raise config_utils.ConfigError(f"stage={config.stage!r}; expected one of "
                                    f"{', '.join(STAGES)}")
+  write_config(config, workdir)
+  return STAGES[config.stage](config, workdir)
+
+
+def write_config(config, workdir: str) -> None:
+  """Writes ``workdir/config.json`` (primary host only); creates workdir."""
   os.makedirs(workdir, exist_ok=True)
   if jax.process_index() == 0:
     with open(os.path.join(workdir, "config.json"), "w") as f:
       json.dump(config_utils.to_dict(config), f, indent=1, default=str)
-  return STAGES[config.stage](config, workdir)
 
 
 def main(argv) -> None:
