@@ -12,7 +12,14 @@ Arguments: ``size`` (0.6b, 1.7b, 4b, 8b), ``slice`` (v5p-64, v6e-64, cpu),
 ``stage`` (pipeline, sft, rl) and ``runlocal`` (tiny model from scratch on
 the procedural catalog, minutes on a CPU). Every other key can be overridden
 after the colon. The mesh and batch presets are starting points, checked only
-by the dry run (``--dry_run``), not on real TPUs.
+by the dry run, not on real TPUs::
+
+  python -m paraagent_jax.train --config=configs/paraagent_4b.py --dry_run --fake_devices=64
+
+The paper-style lengths do NOT fit yet (README "Scale": the model materialises
+[B, N, T, T] attention scores, 128 GiB per layer per chip at rl.max_len=16384);
+``num_micro_batches=8,rl.max_len=4096,rl.tasks_per_iter=32`` fits a v5p-64
+(43 GB peak per chip).
 """
 
 from paraagent_jax import config_utils
