@@ -24,7 +24,7 @@ def get_config(arg=None):
   c.policy = "oracle"
   c.policy_name = ""
   c.benchmarks = "toolenv"
-  c.catalog = "procedural"
+  c.catalog = "procedural"         # toolenv benchmark: catalogs, e.g. 'procedural,openapi'
   c.catalog_seed = 0
   c.task_seed = 0
   c.kinds = rl_stage.KINDS
@@ -47,8 +47,11 @@ def get_config(arg=None):
   c.stb_limit = 0                  # queries per file (0 = all)
   r = rl_stage.rl_defaults()
   c.rollout = ml_collections.ConfigDict(dict(
-      max_turns=r.max_turns + 8, max_turn_tokens=r.max_turn_tokens, max_len=r.max_len * 2,
+      # Turns: at most each task's own budget (ToolEnv ends the episode there,
+      # 2 * nodes + 6 <= 40); tokens: max_len per episode, max_turn_tokens per turn.
+      max_turns=40, max_turn_tokens=r.max_turn_tokens, max_len=r.max_len * 2,
       max_obs_tokens=r.max_obs_tokens))
+  c.text_max_len = 32768           # token budget of oracle/API episodes (no KV cache)
   c.api = ml_collections.ConfigDict(dict(base_url="http://127.0.0.1:8000/v1",
                                          model="gpt-4.1", api_key_env="OPENAI_API_KEY"))
   if a.runlocal:

@@ -14,6 +14,7 @@ they finish (`evaluation.runner`), so a killed evaluation resumes; at the end
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -68,7 +69,43 @@ def load_checkpoint_model(path: str, vocab_size: int):
   return nnx.merge(graphdef, state)
 
 
-def _tokenizer(config, checkpoint: str):
+_TEXT_TOKENIZER: list = []
+
+
+def _text_policy_tokenizer(workdir: str = ""):
+  """A BPE for text-level policies (oracle, API), which bring no tokenizer.
+
+  Their token counts only set budgets (max_len) and the tokens reported, so
+  it is trained on what episodes contain: the strategies' system prompts and
+  scripted episodes of ToolEnv train tasks (never the test split). Saved in
+  ``workdir/text_tokenizer`` so a resumed evaluation counts the same tokens.
+  """
+  # pylint: disable=g-import-not-at-top
+  import toolenv
+  from paraagent_jax import tokenizer as tok_lib
+  from paraagent_jax.paraact import strategies
+  # pylint: enable=g-import-not-at-top
+  out = os.path.join(workdir, "text_tokenizer") if workdir else None
+  if out and os.path.exists(os.path.join(out, "tokenizer.json")):
+    return tok_lib.load_tokenizer(out)
+  if _TEXT_TOKENIZER:
+    # Same texts give the same BPE: reuse this process's (tests, several runs).
+    tok = _TEXT_TOKENIZER[0]
+    if out:
+      tok.save_pretrained(out)
+    return tok
+  texts = [strategies.get_strategy(s).system_prompt() for s in strategies.STRATEGY_NAMES]
+  gen = toolenv.TaskGenerator(toolenv.load_catalog("procedural", seed=0), seed=1)
+  for t in gen.generate(100, split="train"):
+    texts.append(t.instruction)
+    for s in ("paraact", "react"):
+      texts += [strategies.get_strategy(s).render_step(x) for x in toolenv.oracle.solve(t, s)]
+  tok = tok_lib.train_bpe_tokenizer(texts, vocab_size=2048, out_dir=out)
+  _TEXT_TOKENIZER.append(tok)
+  return tok
+
+
+def _tokenizer(config, checkpoint: str, workdir: str = ""):
   """The policy's tokenizer: config, checkpoint dir, or a small BPE for the oracle."""
   # pylint: disable=g-import-not-at-top
   from paraagent_jax import config_utils
@@ -88,8 +125,7 @@ def _tokenizer(config, checkpoint: str):
     if c and os.path.exists(os.path.join(c, "tokenizer.json")):
       return tok_lib.load_tokenizer(c)
   if config.policy in ("oracle", "api"):
-    from paraagent_jax.paraact import protocol  # pylint: disable=g-import-not-at-top
-    return tok_lib.train_bpe_tokenizer([protocol.system_prompt()] * 4, vocab_size=600)
+    return _text_policy_tokenizer(workdir)
   raise config_utils.ConfigError("no tokenizer found: set tokenizer=PATH (a directory "
                                  "with tokenizer.json)")
 
@@ -115,12 +151,21 @@ def run(config, workdir: str, checkpoint: str = "") -> dict:
     raise config_utils.ConfigError("policy=checkpoint needs --checkpoint=DIR")
   if checkpoint and not os.path.exists(checkpoint):
     raise config_utils.ConfigError(f"--checkpoint={checkpoint}: no such directory")
+  known = ("toolenv", "bfcl", "stabletoolbench")
+  for bench in [b for b in config.benchmarks.split(",") if b]:
+    if bench not in known:
+      raise config_utils.ConfigError(f"benchmarks: unknown {bench!r}; expected one of "
+                                     f"{', '.join(known)}")
   os.makedirs(workdir, exist_ok=True)
-  tok = _tokenizer(config, checkpoint)
+  tok = _tokenizer(config, checkpoint, workdir)
   model = load_checkpoint_model(checkpoint, len(tok)) if checkpoint else None
   name = config.policy_name or (os.path.basename(os.path.normpath(checkpoint))
                                 if checkpoint else config.policy)
   rcfg = rl_stage.rollout_config(config.rollout)
+  if config.policy in ("oracle", "api"):
+    # Text-level policies hold no KV cache: their context is the endpoint's,
+    # and BFCL's closed prompts (tens of function docs) outgrow a demo budget.
+    rcfg = dataclasses.replace(rcfg, max_len=max(rcfg.max_len, config.text_max_len))
 
   def fmt_for(strategy):
     return chat_format.ChatFormat(tok, strategy=strategy)
@@ -145,16 +190,20 @@ def run(config, workdir: str, checkpoint: str = "") -> dict:
                 rollout_config=rcfg, batch_size=config.batch_size, seed=config.seed)
   for bench in benchmarks:
     if bench == "toolenv":
-      catalog = toolenv.load_catalog(config.catalog, seed=config.catalog_seed)
-      kinds = [k for k in config.kinds.split(",") if k]
-      tasks = runner.toolenv_tasks(catalog, num_per_kind=config.num_per_kind,
-                                   seed=config.task_seed, kinds=kinds)
-      for strategy in strategies:
-        records += runner.run_toolenv(make_policy, fmt_for, catalog, tasks,
-                                      strategy=strategy, policy_name=name,
-                                      workdir=workdir, rollout_config=rcfg,
-                                      batch_size=config.batch_size, seed=config.seed,
-                                      benchmark=f"toolenv-{config.catalog}")
+      for cat_name in [c for c in config.catalog.split(",") if c]:
+        catalog = toolenv.load_catalog(cat_name, seed=config.catalog_seed)
+        kinds = [k for k in config.kinds.split(",") if k]
+        try:
+          tasks = runner.toolenv_tasks(catalog, num_per_kind=config.num_per_kind,
+                                       seed=config.task_seed, kinds=kinds)
+        except ValueError as e:
+          raise config_utils.ConfigError(f"toolenv-{cat_name}: {e}") from e
+        for strategy in strategies:
+          records += runner.run_toolenv(make_policy, fmt_for, catalog, tasks,
+                                        strategy=strategy, policy_name=name,
+                                        workdir=workdir, rollout_config=rcfg,
+                                        batch_size=config.batch_size, seed=config.seed,
+                                        benchmark=f"toolenv-{cat_name}")
     elif bench == "bfcl":
       try:
         entries = bench_lib.bfcl_entries(

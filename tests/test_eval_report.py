@@ -96,3 +96,25 @@ def test_benchmark_notes():
   notes = rep.notes_for(["stabletoolbench-open", "bfcl-open", "bfcl-closed"])
   assert set(notes) == {"stabletoolbench", "bfcl"}
   assert "SoPR" in notes["stabletoolbench"] and "not comparable" in notes["stabletoolbench"]
+
+
+def test_multi_tool_kinds_per_benchmark_and_one_table_each(tmp_path):
+  assert rep.is_multi_tool("bfcl-open", "live_parallel_multiple")
+  assert not rep.is_multi_tool("bfcl-open", "multiple")
+  assert rep.is_multi_tool("toolenv-procedural", "fanout")
+  assert not rep.is_multi_tool("toolenv-procedural", "chain")
+  recs = _records() + [
+      {"benchmark": "bfcl-open", "strategy": "paraact", "policy": "oracle", "kind": k,
+       "task_id": f"{k}{i}", "success": i == 0, "turns": 3}
+      for k in ("parallel", "simple_python") for i in range(2)]
+  report = rep.build_report(recs)
+  bfcl = [r for r in report["runs"] if r["benchmark"] == "bfcl-open"][0]
+  assert bfcl["multi_tool"]["n"] == 2 and bfcl["multi_tool"]["success"] == 0.5
+  md = rep.markdown_table(report)
+  main = md.split("Per kind")[0]
+  # Two tables: the BFCL one has its own kind columns and no ToolEnv ones.
+  assert main.count("| benchmark | policy |") == 2
+  bfcl_head = [l for l in main.splitlines() if "simple_python %" in l][0]
+  assert "single %" not in bfcl_head
+  paths = rep.write_report(recs, str(tmp_path))
+  assert os.path.getsize(paths["plot_success"]) > 1000

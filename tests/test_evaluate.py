@@ -53,7 +53,7 @@ def test_interrupted_evaluation_resumes_to_the_same_records(oracle_run, tmp_path
   c = small_config(strategies="paraact")
   import toolenv  # pylint: disable=g-import-not-at-top
   from paraagent_jax.paraact import chat_format, policies  # pylint: disable=g-import-not-at-top
-  tok = evaluate._tokenizer(c, "")  # pylint: disable=protected-access
+  tok = evaluate._tokenizer(c, "", d)  # pylint: disable=protected-access
   cat = toolenv.load_catalog("procedural", seed=0)
   tasks = runner.toolenv_tasks(cat, num_per_kind=2)
   fmt_for = lambda s: chat_format.ChatFormat(tok, strategy=s)

@@ -27,6 +27,22 @@ from typing import Any, Iterable, Sequence
 
 # The kinds whose gold DAG has several independent calls: where parallel acting pays.
 MULTI_TOOL_KINDS = ("parallel", "fanout", "mixed")
+
+
+def is_multi_tool(benchmark: Any, kind: Any) -> bool:
+  """Whether a task kind needs several independent calls.
+
+  ToolEnv: parallel, fanout, mixed. BFCL: the parallel categories
+  (parallel, parallel_multiple, live_parallel, live_parallel_multiple).
+  StableToolBench's groups say where tools come from, not how many calls
+  are independent, so none is counted.
+  """
+  fam = str(benchmark).split("-", 1)[0]
+  if fam == "bfcl":
+    return "parallel" in str(kind)
+  if fam == "stabletoolbench":
+    return False
+  return kind in MULTI_TOOL_KINDS
 KIND_ORDER = ("single", "parallel", "chain", "fanout", "mixed")
 MEAN_FIELDS = (
     "turns", "calls", "calls_per_execute_step", "phase_switches",
@@ -121,7 +137,7 @@ def build_report(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     kinds = sorted((k[0] for k in by_kind),
                    key=lambda k: (KIND_ORDER.index(k) if k in KIND_ORDER else 99, str(k)))
     per_kind = {str(k): summarise(by_kind[(k,)]) for k in kinds}
-    multi = [r for r in recs if r.get("kind") in MULTI_TOOL_KINDS]
+    multi = [r for r in recs if is_multi_tool(bench, r.get("kind"))]
     report["runs"].append({
         "benchmark": bench, "strategy": strategy, "policy": policy,
         "overall": summarise(recs),
@@ -162,21 +178,18 @@ def _ci(lo_hi) -> str:
   return f"{_fmt(lo_hi[0], True)}-{_fmt(lo_hi[1], True)}"
 
 
-def markdown_table(report: dict[str, Any]) -> str:
-  """Renders the report as markdown.
-
-  Three parts: the main table (one row per run: success with its 95% CI, the
-  per-kind average with its CI, success per kind, multi-tool kinds pooled,
-  and the behaviour means), a per-kind table (n and success with CI, per run)
-  and the comparability notes of the benchmarks present.
-  """
-  runs = report["runs"]
+def _kinds(runs) -> list[str]:
   kinds: list[str] = []
   for run in runs:
     for k in run["per_kind"]:
       if k not in kinds:
         kinds.append(k)
-  kinds.sort(key=lambda k: KIND_ORDER.index(k) if k in KIND_ORDER else 99)
+  return sorted(kinds, key=lambda k: (KIND_ORDER.index(k) if k in KIND_ORDER else 99, k))
+
+
+def _run_table(runs) -> list[str]:
+  """The main table of runs that share a benchmark."""
+  kinds = _kinds(runs)
   extra = [f for f in ("finished", "api_recall", "found_recall")
            if any(r["overall"].get(f) is not None for r in runs)]
   head = (["benchmark", "policy", "strategy", "n", "success % (95% CI)",
@@ -206,9 +219,13 @@ def markdown_table(report: dict[str, Any]) -> str:
             _fmt(o["traj_reward"])]
     row += [_fmt(o.get(f), True) for f in extra]
     lines.append("| " + " | ".join(row) + " |")
-  lines += ["", "Per kind: n, success % (95% Wilson CI)", "",
-            "| benchmark | policy | strategy | " + " | ".join(kinds) + " |",
-            "|" + "---|" * (3 + len(kinds))]
+  return lines
+
+
+def _kind_table(runs) -> list[str]:
+  kinds = _kinds(runs)
+  lines = ["| benchmark | policy | strategy | " + " | ".join(kinds) + " |",
+           "|" + "---|" * (3 + len(kinds))]
   for run in runs:
     cells = []
     for k in kinds:
@@ -216,6 +233,30 @@ def markdown_table(report: dict[str, Any]) -> str:
       cells.append(f"{v['n']}: {_fmt(v['success'], True)} ({_ci(v['ci95'])})" if v else "-")
     lines.append(f"| {run['benchmark']} | {run['policy']} | {run['strategy']} | "
                  + " | ".join(cells) + " |")
+  return lines
+
+
+def markdown_table(report: dict[str, Any]) -> str:
+  """Renders the report as markdown.
+
+  Per benchmark, a main table (one row per run: success with its 95% CI, the
+  per-kind average with its CI, success per kind, multi-tool kinds pooled,
+  the behaviour means and the three reward levels); then a per-kind table
+  for all runs (n and success with Wilson CI); then the comparability notes
+  of the benchmarks present.
+  """
+  runs = report["runs"]
+  by_bench = group_records(runs, ("benchmark",))
+  lines: list[str] = []
+  for i, (_, group) in enumerate(by_bench.items()):
+    if i:
+      lines.append("")
+    lines += _run_table(group)
+  lines += ["", "Per kind: n, success % (95% Wilson CI)", ""]
+  for i, (_, group) in enumerate(by_bench.items()):
+    if i:
+      lines.append("")
+    lines += _kind_table(group)
   notes = report.get("notes") or notes_for(r["benchmark"] for r in runs)
   if notes:
     lines += ["", "Notes:", ""] + [f"* {v}" for v in notes.values()]
@@ -242,7 +283,10 @@ def write_report(records: Sequence[dict[str, Any]], workdir: str,
 
 def write_plots(records: Sequence[dict[str, Any]], report: dict[str, Any],
                 workdir: str, name: str = "report") -> dict[str, str]:
-  """Success by kind and strategy; turns vs success; calls-per-step histogram."""
+  """Success by kind and strategy; turns vs success; calls-per-step histogram.
+
+  Each figure has one panel per benchmark (their kinds differ).
+  """
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
@@ -253,41 +297,53 @@ def write_plots(records: Sequence[dict[str, Any]], report: dict[str, Any],
     plt.close(fig)
     return path
 
+  def _panels(n, width):
+    fig, axes = plt.subplots(1, n, figsize=(width * n, 4), squeeze=False)
+    return fig, list(axes[0])
+
   out = {}
-  runs = report["runs"]
-  kinds = [k for k in KIND_ORDER if any(k in r["per_kind"] for r in runs)]
-  fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(kinds) + 2), 4))
-  width = 0.8 / max(1, len(runs))
-  for i, run in enumerate(runs):
-    ys = [100 * run["per_kind"][k]["success"] if k in run["per_kind"] else 0 for k in kinds]
-    ax.bar([j + i * width for j in range(len(kinds))], ys, width,
-           label=f"{run['policy']}/{run['strategy']} ({run['benchmark']})")
-  ax.set_xticks([j + 0.4 - width / 2 for j in range(len(kinds))], kinds)
-  ax.set_ylabel("success %")
-  ax.set_ylim(0, 105)
-  ax.legend(fontsize=7)
-  ax.set_title("Success by task kind and strategy")
+  by_bench = list(group_records(report["runs"], ("benchmark",)).items())
+  fig, axes = _panels(len(by_bench), 7)
+  for ax, ((bench,), runs) in zip(axes, by_bench):
+    kinds = _kinds(runs)
+    width = 0.8 / max(1, len(runs))
+    for i, run in enumerate(runs):
+      ys = [100 * run["per_kind"][k]["success"] if k in run["per_kind"] else 0
+            for k in kinds]
+      ax.bar([j + i * width for j in range(len(kinds))], ys, width,
+             label=f"{run['policy']}/{run['strategy']}")
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(kinds))], kinds,
+                  rotation=30 if len(kinds) > 5 else 0, fontsize=7)
+    ax.set_ylabel("success %")
+    ax.set_ylim(0, 105)
+    ax.legend(fontsize=7)
+    ax.set_title(f"{bench}: success by kind and strategy", fontsize=9)
   out["plot_success"] = _save(fig, os.path.join(workdir, f"{name}_success_by_kind.png"))
 
-  fig, ax = plt.subplots(figsize=(5, 4))
-  for run in runs:
-    ax.scatter([run["overall"]["turns"] or 0], [100 * run["overall"]["success"]],
-               label=f"{run['policy']}/{run['strategy']}")
-  ax.set_xlabel("mean turns per task")
-  ax.set_ylabel("success %")
-  ax.legend(fontsize=7)
-  ax.set_title("Turns vs success")
+  fig, axes = _panels(len(by_bench), 5)
+  for ax, ((bench,), runs) in zip(axes, by_bench):
+    for run in runs:
+      ax.scatter([run["overall"]["turns"] or 0], [100 * run["overall"]["success"]],
+                 label=f"{run['policy']}/{run['strategy']}")
+    ax.set_xlabel("mean turns per task")
+    ax.set_ylabel("success %")
+    ax.legend(fontsize=7)
+    ax.set_title(f"{bench}: turns vs success", fontsize=9)
   out["plot_turns"] = _save(fig, os.path.join(workdir, f"{name}_turns_vs_success.png"))
 
-  fig, ax = plt.subplots(figsize=(5, 4))
-  for (policy, strategy), recs in group_records(records, ("policy", "strategy")).items():
-    vals = [c for r in recs for c in r.get("calls_per_step", [])]
-    if vals:
-      ax.hist(vals, bins=range(0, max(vals) + 2), alpha=0.5, label=f"{policy}/{strategy}")
-  ax.set_xlabel("calls per execute step")
-  ax.set_ylabel("steps")
-  ax.legend(fontsize=7)
-  ax.set_title("Calls per execute step")
+  rec_by_bench = group_records(records, ("benchmark",))
+  fig, axes = _panels(len(by_bench), 5)
+  for ax, ((bench,), _) in zip(axes, by_bench):
+    for (policy, strategy), recs in group_records(rec_by_bench.get((bench,), []),
+                                                  ("policy", "strategy")).items():
+      vals = [c for r in recs for c in r.get("calls_per_step") or []]
+      if vals:
+        ax.hist(vals, bins=range(0, max(vals) + 2), alpha=0.5, label=f"{policy}/{strategy}")
+    ax.set_xlabel("calls per execute step")
+    ax.set_ylabel("steps")
+    if ax.get_legend_handles_labels()[0]:
+      ax.legend(fontsize=7)
+    ax.set_title(f"{bench}: calls per execute step", fontsize=9)
   out["plot_calls"] = _save(fig, os.path.join(workdir, f"{name}_calls_per_step.png"))
   return out
 

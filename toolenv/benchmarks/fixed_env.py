@@ -22,6 +22,7 @@ Pure Python, no JAX.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any, Callable, Sequence
 
 from toolenv import rewards as rw
@@ -106,7 +107,15 @@ class FixedTaskEnv:
                      reward_config=self._shared.config, **self._kw)
     small = Catalog(list(tools), name=f"{self.catalog.name}-given",
                     info={"seed": self.seed})
-    return ToolEnv(small, index=SearchIndex.build(small), **self._kw)
+    # bm25s sets its logger to DEBUG, which would log a line per episode.
+    log = logging.getLogger("bm25s")
+    level = log.level
+    log.setLevel(logging.WARNING)
+    try:
+      index = SearchIndex.build(small)
+    finally:
+      log.setLevel(level)
+    return ToolEnv(small, index=index, **self._kw)
 
   def reset(self, tasks: Sequence[Task]) -> list[str]:
     """Starts one episode per task; returns the first observations."""
