@@ -55,6 +55,7 @@ def test_quickstart_runs_end_to_end(tmp_path):
   nb = execute("quickstart.ipynb", {"QUICKSTART_SMALL": "1",
                                     "QUICKSTART_WORKDIR": work,
                                     "JAX_PLATFORMS": "cpu"})
+  nbformat.write(nb, str(tmp_path / "quickstart.executed.ipynb"))  # to inspect
   out = text_of(nb)
   # Section 1 and 2: the oracle's episodes succeed, in ToolEnv and through
   # the text protocol.
@@ -67,7 +68,11 @@ def test_quickstart_runs_end_to_end(tmp_path):
   assert os.listdir(os.path.join(work, "sft", "tb"))   # TensorBoard events
   # Section 4: reports for the oracle and the trained policy.
   with open(os.path.join(work, "eval_oracle", "report.json")) as f:
-    oracle = json.load(f)
-  assert "1.0" in json.dumps(oracle) or "100" in json.dumps(oracle)
+    (oracle,) = json.load(f)["runs"]
+  assert oracle["policy"] == "oracle" and oracle["overall"]["n"] == 5
+  assert oracle["overall"]["success"] == 1.0
+  with open(os.path.join(work, "eval_rl", "report.json")) as f:
+    (trained,) = json.load(f)["runs"]
+  assert trained["policy"] == "rl" and trained["overall"]["n"] == 5
   assert os.path.exists(os.path.join(work, "eval_rl", "report.md"))
   assert any(f.endswith(".png") for f in os.listdir(os.path.join(work, "eval_rl")))
