@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import sys
 import time
@@ -50,20 +51,30 @@ def build_random_demo(out_dir: str) -> str:
   return out_dir
 
 
-def time_eval(config_arg: str, workdir: str, checkpoint: str = "") -> tuple[float, dict]:
-  """Runs one evaluation from scratch; returns (seconds, overall summary)."""
+def _cpu_s() -> float:
+  ru = resource.getrusage(resource.RUSAGE_SELF)
+  return ru.ru_utime + ru.ru_stime
+
+
+def time_eval(config_arg: str, workdir: str, checkpoint: str = ""
+              ) -> tuple[float, float, dict]:
+  """Runs one evaluation from scratch; returns (wall s, CPU s, overall summary).
+
+  CPU seconds (all threads) are reported too: on a shared machine the wall
+  time measures the other users' load as much as ours.
+  """
   from paraagent_jax import evaluate
   from paraagent_jax.evaluation import report as report_lib
   from paraagent_jax.evaluation import runner
   shutil.rmtree(os.path.join(workdir, "records"), ignore_errors=True)
   config = config_utils.load_config(f"configs/evaluate.py:{config_arg}")
-  t0 = time.perf_counter()
+  t0, c0 = time.perf_counter(), _cpu_s()
   evaluate.run(config, workdir, checkpoint)
-  wall = time.perf_counter() - t0
+  wall, cpu = time.perf_counter() - t0, _cpu_s() - c0
   recs = []
   for f in sorted(os.listdir(os.path.join(workdir, "records"))):
     recs += runner.read_records(os.path.join(workdir, "records", f))
-  return wall, report_lib.summarise(recs)
+  return wall, cpu, report_lib.summarise(recs)
 
 
 def main() -> None:
@@ -82,19 +93,20 @@ def main() -> None:
   base = f"num_per_kind={per_kind},strategies={a.strategy}" + (
       f",{a.extra}" if a.extra else "")
   rows = []
-  wall, s = time_eval(base, os.path.join(a.workdir, "oracle"))
-  rows.append(("oracle (peer)", "-", wall, s))
+  rows.append(("oracle (peer)", "-", *time_eval(base, os.path.join(a.workdir, "oracle"))))
   for bs in [int(x) for x in a.batch_sizes.split(",") if x]:
-    wall, s = time_eval(f"{base},batch_size={bs}", os.path.join(a.workdir, f"model_b{bs}"),
-                        ckpt)
-    rows.append(("random demo" if not a.checkpoint else a.checkpoint, bs, wall, s))
+    rows.append(("random demo" if not a.checkpoint else a.checkpoint, bs,
+                 *time_eval(f"{base},batch_size={bs}",
+                            os.path.join(a.workdir, f"model_b{bs}"), ckpt)))
   print(f"\n{5 * per_kind} ToolEnv test tasks, strategy {a.strategy}, "
         f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}")
-  print("| policy | batch | wall s | s/task | success % | turns | tokens/task | truncated |")
-  print("|---|---|---|---|---|---|---|---|")
-  for name, bs, wall, s in rows:
-    print(f"| {name} | {bs} | {wall:.1f} | {wall / s['n']:.3f} | {100 * s['success']:.1f} | "
-          f"{s['turns']:.2f} | {s['tokens_generated']:.0f} | {s['truncated']:.2f} |")
+  print("| policy | batch | wall s | CPU s | s/task | success % | turns | tokens/task | "
+        "truncated |")
+  print("|---|---|---|---|---|---|---|---|---|")
+  for name, bs, wall, cpu, s in rows:
+    print(f"| {name} | {bs} | {wall:.1f} | {cpu:.1f} | {wall / s['n']:.3f} | "
+          f"{100 * s['success']:.1f} | {s['turns']:.2f} | {s['tokens_generated']:.0f} | "
+          f"{s['truncated']:.2f} |")
 
 
 if __name__ == "__main__":

@@ -65,3 +65,19 @@ def test_bad_files_give_clear_errors(tmp_path):
   (tmp_path / "q.json").write_text(json.dumps([{"query_id": 1}]))
   with pytest.raises(ValueError, match="without 'query'"):
     toolbench.load_queries(str(tmp_path / "q.json"))
+
+
+def test_response_schemas_from_schema_example_or_default(tools):
+  # test_endpoint {"temp": 12} -> an integer field; nothing documented -> the default.
+  assert tools["current_weather_for_weather_api"].response == {
+      "type": "object", "properties": {"temp": {"type": "integer"}}, "required": ["temp"]}
+  assert tools["station_by_id_for_weather_api"].response == toolbench.DEFAULT_RESPONSE
+  api = {"schema": {"type": "object", "properties": {"aqi": {"type": "integer"}}},
+         "test_endpoint": {"x": "y"}}
+  assert toolbench.response_schema(api)["properties"] == {"aqi": {"type": "integer"}}
+  nested = toolbench.response_schema({"test_endpoint": {"hotels": [{"id": "h1", "p": 1.5}]}})
+  assert nested["properties"]["hotels"] == {
+      "type": "array", "items": {"type": "object", "properties": {
+          "id": {"type": "string"}, "p": {"type": "number"}}, "required": ["id", "p"]}}
+  # An error string as the example (common in ToolBench) is not a schema.
+  assert toolbench.response_schema({"test_endpoint": "not subscribed"}) == toolbench.DEFAULT_RESPONSE

@@ -21,6 +21,10 @@ JSON list of::
     tools = load_tools("data/toolenv/tools")            # list[Tool]
     queries = load_queries("G1_instruction.json")       # list[ToolBenchQuery]
 
+A tool's response schema is the API's ``schema`` when it is a JSON Schema
+object, else one inferred from its ``test_endpoint`` example, else
+`DEFAULT_RESPONSE` (`response_schema`): the simulator draws responses from it.
+
 Tool names follow ToolBench's own convention ``<api>_for_<tool>``, snake-cased
 (as its function-calling prompts do), so a query's relevant APIs map to names
 with `tool_name_of`.
