@@ -256,6 +256,7 @@ def run_dry(config, *, do_compile: bool | Sequence[str] = True,
       "errors": {}, "mesh": dict(mesh.shape), "num_params": n_params}
 
   def lower(name, fn):
+    """Lowers (and compiles) one program; records its stats or its error."""
     start = time.perf_counter()
     try:
       lowered = fn()
