@@ -46,7 +46,7 @@ def rl_config(tok_dir, **rl):
   return c
 
 
-def test_rl_runs_logs_levels_checkpoints_and_resumes(tok_dir, tmp_path):
+def test_rl_runs_logs_levels_and_checkpoints(tok_dir, tmp_path):
   d = str(tmp_path)
   out = rl_stage.run_rl(rl_config(tok_dir), d)
   assert "success" in out and 0.0 <= out["success"] <= 1.0
@@ -58,12 +58,8 @@ def test_rl_runs_logs_levels_checkpoints_and_resumes(tok_dir, tmp_path):
       assert f"train/rollout/{key}" in r
     assert "train/loss" in r and "train/grad_norm" in r
   assert os.path.exists(os.path.join(d, "rl_curve.png"))
-  # A rerun resumes at the last iteration and draws nothing new.
-  c = rl_config(tok_dir)
-  c.rl.iterations = 2
-  rl_stage.run_rl(c, d)
-  recs = metrics_lib.read_jsonl(os.path.join(d, "metrics.jsonl"))
-  assert [r["step"] for r in recs if "train/rollout/success" in r] == [1, 2]
+  assert os.listdir(os.path.join(d, "checkpoints")) == ["1"]
+  # Kill/resume and the NaN stop: tests/test_stage_robustness.py.
 
 
 def test_missing_tokenizer_is_a_config_error(tmp_path):
