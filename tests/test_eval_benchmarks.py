@@ -189,3 +189,41 @@ def test_random_tiny_model_runs_and_is_scored_on_bfcl(tmp_path):
     if r["bfcl_calls"] != gold[r["task_id"]]:
       assert r["reason"] == "wrong_count" and not r["success"]
     assert r["success"] == (r["reason"] == "")
+
+
+def test_api_policy_on_bfcl_against_a_local_server(tmp_path):
+  """An OpenAI-compatible server replays the oracle as tool calls, on BFCL."""
+  import json  # pylint: disable=g-import-not-at-top
+  from paraagent_jax.openai_server import ChatServer  # pylint: disable=g-import-not-at-top
+  from toolenv.catalog import bfcl as bfcl_cat  # pylint: disable=g-import-not-at-top
+  from toolenv.schema import META_TOOLS  # pylint: disable=g-import-not-at-top
+  entries = bfcl_cat.load_entries(BFCL, ("simple_python", "parallel"))
+  plans = {}
+  for setting in ("open", "closed"):
+    for t in bfcl_bench.env_tasks(entries, setting).tasks:
+      plans[t.instruction] = bfcl_bench.oracle_steps(t, "paraact", setting)
+
+  def respond(request):
+    msgs = request["messages"]
+    text = "\n".join(str(m.get("content", "")) for m in msgs if m["role"] == "user")
+    plan = plans[max((k for k in plans if k in text), key=len)]
+    step = plan[sum(m["role"] == "assistant" for m in msgs)]
+    if step.phase == "answer":
+      return {"role": "assistant", "content": step.answer}
+    calls = [{"id": f"c{i}", "type": "function", "function": (
+        {"name": c.name, "arguments": json.dumps(c.arguments)} if c.name in META_TOOLS else
+        {"name": "call_tool", "arguments": json.dumps({"name": c.name,
+                                                       "arguments": c.arguments})})}
+             for i, c in enumerate(step.calls)]
+    return {"role": "assistant", "content": step.thought, "tool_calls": calls}
+
+  c = _config(benchmarks="bfcl", policy="api", strategies="paraact")
+  with ChatServer(respond) as server:
+    c.api.base_url = server.base_url
+    evaluate.run(c, str(tmp_path))
+    asked = len(server.requests)
+  for setting in ("open", "closed"):
+    recs = _recs(str(tmp_path), f"bfcl-{setting}", "paraact", policy="api")
+    assert len(recs) == 2 and all(r["success"] and r["reason"] == "" for r in recs), recs
+  # Hand count: open = 3 turns per task (search, execute, answer), closed = 2.
+  assert asked == 2 * 3 + 2 * 2
