@@ -30,7 +30,7 @@ def get_config(arg=None):
   c.kinds = rl_stage.KINDS
   c.strategies = "paraact,react,plan_execute,interleaved"
   c.num_per_kind = 40              # 200 tasks per strategy
-  c.batch_size = 32
+  c.batch_size = 200               # episodes per rollout batch: 200 = one batch for 5 x 40
   c.tokenizer = ""
   c.seed = 0                       # sampling seed (greedy decoding ignores it)
   # bfcl: the bfcl-eval wheel or an unpacked bfcl_eval/data dir ("" = the cached
@@ -46,10 +46,13 @@ def get_config(arg=None):
   c.stb_settings = "open"
   c.stb_limit = 0                  # queries per file (0 = all)
   r = rl_stage.rl_defaults()
+  # Turns: at most each task's own budget (ToolEnv ends the episode there,
+  # 2 * nodes + 6 <= 40). Tokens of a JAX policy's episode: max_len = the demo
+  # model's training length (SFT seq_len 2048; RL episodes are 1536), which is
+  # also what bounds the worst case (random weights write max_turn_tokens
+  # every turn); raise it for models trained on longer contexts.
   c.rollout = ml_collections.ConfigDict(dict(
-      # Turns: at most each task's own budget (ToolEnv ends the episode there,
-      # 2 * nodes + 6 <= 40); tokens: max_len per episode, max_turn_tokens per turn.
-      max_turns=40, max_turn_tokens=r.max_turn_tokens, max_len=r.max_len * 2,
+      max_turns=40, max_turn_tokens=r.max_turn_tokens, max_len=2048,
       max_obs_tokens=r.max_obs_tokens))
   c.text_max_len = 32768           # token budget of oracle/API episodes (no KV cache)
   c.api = ml_collections.ConfigDict(dict(base_url="http://127.0.0.1:8000/v1",
