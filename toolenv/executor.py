@@ -68,9 +68,7 @@ class _Draw:
 
   def u(self) -> float:
     self._n += 1
-    h = self._h.copy()
-    h.update(str(self._n).encode())
-    return int.from_bytes(h.digest(), "little") / 2.0**64
+    return _hash_at(self._h, self._n) / 2.0**64
 
   def int(self, lo: int, hi: int) -> int:
     return lo + int(self.u() * (hi - lo + 1))
@@ -118,12 +116,22 @@ def _gen_scalar(sch: dict[str, Any], d: _Draw, field: str) -> Any:
   return d.choice(vocab.WORDS)
 
 
+_COUNTERS = tuple(str(i).encode() for i in range(256))
+
+
+def _hash_at(h: Any, i: int) -> int:
+  """``digest(*key, i)`` given ``h``, the blake2b state of the key's prefix."""
+  c = h.copy()
+  c.update(_COUNTERS[i] if 0 <= i < 256 else str(i).encode())
+  return int.from_bytes(c.digest(), "little")
+
+
 def _uniforms(h: Any, start: int, n: int) -> list[float]:
   """Draws ``start+1 .. start+n`` of the `_Draw` whose prefix hash is ``h``."""
   out = []
   for i in range(start + 1, start + n + 1):
     c = h.copy()
-    c.update(str(i).encode())
+    c.update(_COUNTERS[i] if i < 256 else str(i).encode())
     out.append(int.from_bytes(c.digest(), "little") / 2.0**64)
   return out
 
@@ -415,8 +423,11 @@ class Executor:
       key = "results" if kind == "search" else "items"
       n = int(args.get("limit", 3))
       fval = args.get(meta["filter_field"]) if kind == "list" else None
-      ids = [make_id(prefix, self.seed, tool.name, canonical_json(
-          {k: v for k, v in args.items() if k != "limit"}), i) for i in range(n)]
+      # = [make_id(prefix, seed, name, query_json, i) for i < n], with the
+      # JSON and the hash of the common prefix computed once.
+      h = _Draw(prefix, self.seed, tool.name, canonical_json(
+          {k: v for k, v in args.items() if k != "limit"}))._h  # pylint: disable=protected-access
+      ids = [f"{prefix}-{_hash_at(h, i) % 16**6:06x}" for i in range(n)]
       items = []
       for rid in ids:
         rec = self.record(tool, rid, state) or {}
