@@ -1,8 +1,13 @@
-"""Evaluation config for `python -m paraagent_jax.evaluate`.
+r"""Evaluation config for `python -m paraagent_jax.evaluate`.
 
     python -m paraagent_jax.evaluate --workdir=/tmp/eval                   # oracle
     python -m paraagent_jax.evaluate --workdir=/tmp/e --checkpoint=/tmp/demo/rl
     python -m paraagent_jax.evaluate --config=configs/evaluate.py:runlocal --workdir=/tmp/e
+
+    python -m paraagent_jax.evaluate --workdir=/tmp/e \
+        --config="configs/evaluate.py:benchmarks='toolenv,bfcl',bfcl_settings=open"
+    python -m paraagent_jax.evaluate --workdir=/tmp/e --config="configs/evaluate.py:\
+benchmarks=stabletoolbench,stb_queries=G1_instruction.json,stb_tools=toolenv/tools"
 
 ``policy`` is oracle | checkpoint (set by --checkpoint) | api (OpenAI-compatible
 endpoint from ``api.*``; the key is read from the environment variable

@@ -10,6 +10,12 @@ used (``oracle``: the scripted upper bound through the text protocol;
 ``api``: an OpenAI-compatible endpoint). Per-task records are appended as
 they finish (`evaluation.runner`), so a killed evaluation resumes; at the end
 ``report.md``, ``report.json`` and PNG plots are written to the workdir.
+
+Benchmarks (``benchmarks=`` in the config): ``toolenv`` (held-out test split
+of each catalog in ``catalog``), ``bfcl`` (open-world and closed settings,
+scored by the BFCL-rule checker) and ``stabletoolbench`` (a user's query and
+tool files on ToolEnv's simulator, judge-free metrics); see
+`paraagent_jax.evaluation.benchmarks`.
 """
 
 from __future__ import annotations
