@@ -28,50 +28,56 @@ def get_config(arg=None):
   c.runlocal = a.runlocal
   c.model.preset = a.size
   c.model.vocab_size = 0            # from the trained tokenizer
-  if a.size == "demo":
+  if a.size == "demo" and not a.runlocal:
     # Narrower than the "demo" preset (hidden 256): on 2 CPU cores the
     # 15-minute budget buys ~3x more tokens at hidden 128, and the task
     # (copying names, ids and values into calls) needs depth more than width.
     c.model.hidden_size = 128
     c.model.intermediate_size = 512
     c.model.num_layers = 4
-    c.model.num_heads = 4
-    c.model.num_kv_heads = 2
+    c.model.num_heads = 2     # attention over ~1k-token rows is most of
+    c.model.num_kv_heads = 1  # the step: 2 heads are 1.3x faster than 4
     c.model.head_dim = 32
 
   # Demonstrations (stage "demos" and the SFT data source).
   c.data.source = "demonstrations"
   c.data.catalog = "procedural"
   c.data.backend = "scripted"
-  c.data.num_tasks = 4000
+  # ~1,600 demonstrations are what 15 minutes of SFT on 2 cores consume
+  # (170 steps x 8 rows at ~1,700 tokens/s); building more is wasted time.
+  c.data.num_tasks = 1600
   c.data.data_dir = ""              # "" = WORKDIR/demos (pipeline) or built
   c.data.tokenizer = ""             # "" = train the demo BPE
   # Short demonstrations: the CPU pays for every token of context. Three
   # search results instead of five, only the planner's thought, and batches
-  # padded to their own length (in 128-token buckets), not to seq_len.
+  # padded to their own length bucket, not to seq_len (~950 tokens a row).
   c.data.search_top_k = 3
   c.data.thoughts = "plan"
-  c.data.length_bucket = "512,768,1024,1280,1536"   # 6 compiled shapes
-  c.batch_size = 16
-  c.seq_len = 2048
+  c.data.length_bucket = "512,768,1024"   # + seq_len: 4 compiled shapes
+  c.data.overlong = "truncate"    # the longest ~8% keep their first turns
+  c.batch_size = 8
+  c.seq_len = 1536
 
-  c.total_steps = 2000
+  # Sized for the 15-minute budget of the acceptance run (issue 6), not for
+  # quality: see the README's "Demo results" for what this reaches.
+  c.total_steps = 170
   c.optimizer.learning_rate = 3e-3
-  c.optimizer.warmup_steps = 50
+  c.optimizer.warmup_steps = 20
   c.optimizer.weight_decay = 0.01
-  c.log_every = 20
-  c.eval_every = 200
-  c.ckpt_every = 200
+  c.log_every = 10
+  c.eval_every = 170
+  c.ckpt_every = 50
+  c.sft_eval_tasks = 200            # greedy held-out ParaAct after SFT
 
   # RL (stage "rl"): at most ~15 minutes on this CPU on top of SFT.
-  c.rl.iterations = 12
+  c.rl.iterations = 14
   c.rl.tasks_per_iter = 8
   c.rl.group_size = 4
   c.rl.temperature = 1.0
   c.rl.max_turns = 8
   c.rl.max_turn_tokens = 160
   c.rl.max_len = 1536
-  c.rl.eval_every = 6
+  c.rl.eval_every = 7
   c.rl.eval_tasks = 200
 
   if a.runlocal:
@@ -92,4 +98,5 @@ def get_config(arg=None):
     c.log_every = 5
     c.eval_every = 10
     c.ckpt_every = 10
+    c.sft_eval_tasks = 4
   return c
