@@ -140,10 +140,18 @@ def resume_history(config, levels, data_state, workdir: str,
     raise config_utils.ConfigError(
         f"rl: {workdir} was trained with rl.grpo.levels={','.join(saved)}; "
         f"this config says {','.join(levels)} (use another workdir)")
-  history = [dict(r) for r in data_state.get("history", [])]
+  path = os.path.join(workdir, metrics_lib.METRICS_FILE)
+  if "history" in data_state:
+    history = [dict(r) for r in data_state["history"]]
+  elif start_it and os.path.exists(path):
+    # A checkpoint written before the history was stored: keep the file's
+    # records up to the checkpoint.
+    history = [r for r in metrics_lib.read_jsonl(path)
+               if int(r.get("step", 0)) <= start_it]
+  else:
+    history = []
   if primary:
     os.makedirs(workdir, exist_ok=True)
-    path = os.path.join(workdir, metrics_lib.METRICS_FILE)
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
       f.writelines(json.dumps(r) + "\n" for r in history)
@@ -269,7 +277,8 @@ def run_rl(config: ml_collections.ConfigDict, workdir: str) -> dict:
     raise config_utils.ConfigError(
         f"rl: no tokenizer at {tpath!r}; set rl.tokenizer or data.data_dir")
   tok = tok_lib.load_tokenizer(tpath)
-  from paraagent_jax.paraact import chat_format, policies, rollout  # pylint: disable=g-import-not-at-top
+  # pylint: disable-next=g-import-not-at-top
+  from paraagent_jax.paraact import chat_format, policies, rollout
   fmt = chat_format.ChatFormat(tok, strategy=rl.strategy)
   kinds = [k for k in rl.kinds.split(",") if k]
   catalog = toolenv.load_catalog(rl.catalog, seed=rl.catalog_seed)
@@ -293,8 +302,12 @@ def run_rl(config: ml_collections.ConfigDict, workdir: str) -> dict:
   step_fn = grpo.make_train_step(t.graphdef, optimizer, grpo_cfg, mesh)
   primary = jax.process_index() == 0
   meta = run_meta(config, grpo_cfg.levels)
-  start_it, history = resume_history(config, grpo_cfg.levels, t.data_state,
-                                     workdir, primary)
+  try:
+    start_it, history = resume_history(config, grpo_cfg.levels, t.data_state,
+                                       workdir, primary)
+  except config_utils.ConfigError:
+    t.checkpointer.close()
+    raise
   if primary:
     write_json_atomic(os.path.join(workdir, RUN_META_FILE), meta)
   print(f"rl: {t.source} at iteration {start_it}/{rl.iterations} (step {t.step}); "

@@ -204,6 +204,12 @@ def test_resume_refuses_other_levels_and_rebuilds_the_curve(tmp_path):
                      match="trained with rl.grpo.levels=traj; this config "
                            "says traj,phase,step"):
     rl_stage.resume_history(c, ("traj", "phase", "step"), state, str(tmp_path))
+  # A checkpoint from before the history was stored keeps the file's
+  # records up to its iteration.
+  path.write_text("".join(json.dumps(r) + "\n" for r in history))
+  assert rl_stage.resume_history(c, ("traj",), {"iteration": 1},
+                                 str(tmp_path)) == (1, history[:2])
+  assert metrics_lib.read_jsonl(str(path)) == history[:2]
   # A fresh run (no checkpoint) starts with an empty curve.
   assert rl_stage.resume_history(c, ("traj",), None, str(tmp_path)) == (0, [])
   assert metrics_lib.read_jsonl(str(path)) == []
