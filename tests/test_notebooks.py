@@ -26,7 +26,8 @@ def execute(name: str, env: dict[str, str]):
   os.environ.update(env)   # The kernel inherits this process's environment.
   try:
     nbclient.NotebookClient(
-        nb, timeout=3600, kernel_name="python3",  # per cell; CPU minutes, but a shared 2-core VM can starve it
+        # Per cell: minutes of CPU, but a shared 2-core VM can starve it.
+        nb, timeout=3600, kernel_name="python3",
         resources={"metadata": {"path": NOTEBOOKS}}).execute()
   finally:
     for k, v in old.items():
