@@ -78,6 +78,7 @@ def rl_defaults() -> ml_collections.ConfigDict:
   c.eval_tasks = 40             # held-out test tasks (kinds round robin)
   c.ckpt_every = 1              # iterations between checkpoints (and the last)
   c.token_budget = 0            # max real tokens per batch; 0 = no budget
+  c.num_micro_batches = 0       # RL step micro-batches; 0 = config.num_micro_batches
   c.grpo = ml_collections.ConfigDict(dict(
       clip_eps_low=0.2, clip_eps_high=0.28, beta=0.0, entropy_coef=0.0,
       aggregation="token_mean", levels="traj,phase,step", normalize="mean_std",
@@ -293,7 +294,9 @@ def run_rl(config: ml_collections.ConfigDict, workdir: str) -> dict:
   optimizer = ts.make_optimizer(opt_cfg)
   gcfg = dict(rl.grpo.to_dict())
   gcfg["levels"] = _levels(gcfg.get("levels", "traj,phase,step"))
-  gcfg["num_micro_batches"] = config.num_micro_batches
+  # RL batches (groups x full episodes) are larger than SFT's: their own
+  # micro-batching bounds the step's memory (0 = the SFT setting).
+  gcfg["num_micro_batches"] = int(rl.get("num_micro_batches", 0)) or config.num_micro_batches
   try:
     grpo_cfg = ts.config_from_mapping(grpo.GRPOConfig, gcfg)
   except (ValueError, TypeError) as e:
