@@ -2,7 +2,7 @@
 
 Nothing is allocated: parameter and optimizer shapes come from
 `jax.eval_shape` (`paraagent_jax.sharding.memory_per_device`) on an abstract
-mesh of any size; the KV cache is counted from its shape [L, B, S, K, H]
+mesh of any size; the KV cache is counted from its shape [L, B, K, S, H]
 with the batch split over data x fsdp and kv heads over tensor (when they
 divide), as `Qwen3.constrain_cache` lays it out.
 

@@ -5,17 +5,25 @@ Same model config on both sides (the "demo" size: 4 layers, hidden 256, 4 heads,
 transformers model is saved and loaded through `hf_io.load_hf`), the same prompts,
 greedy decoding with early stopping disabled (no EOS, exactly `--new_tokens` per row).
 Compile time is measured on a warm-up call and reported apart; throughput is the
-best of `--repeats` timed calls (prefill + decode, host to host), the two sides'
-calls alternating so that outside load on the shared machine hits both alike.
-torch gets as many intra-op threads as the machine has cores (XLA CPU uses them
-all too); both sides compute in fp32.
+median of `--repeats` timed calls (prefill + decode, host to host), the two
+sides' calls alternating so that outside load on the shared machine hits both
+alike. The table also gives the ratio of median process CPU seconds per call,
+which outside load disturbs much less than wall time.
+
+Both sides get the same number of threads, `--threads` (default 1): torch's
+intra-op threads, and XLA's Eigen pool (`XLA_FLAGS` set before JAX starts). One
+thread is the default because the machine is shared: with 2 threads on 2 busy
+cores, torch's OpenMP workers wait on each other and its generate gets 10-20x
+slower (measured), which would flatter us. Both sides compute in fp32.
 
   .venv/bin/python benchmarks/sampler_bench.py
   .venv/bin/python benchmarks/sampler_bench.py --batches=8,32 --repeats=5
+  .venv/bin/python benchmarks/sampler_bench.py --threads=2   # a quiet machine
 """
 
 import argparse
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -23,6 +31,24 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _threads_from_argv(argv) -> int:
+  """--threads, read before JAX is imported (XLA reads its flags at start)."""
+  for i, a in enumerate(argv):
+    if a.startswith("--threads="):
+      return int(a.split("=", 1)[1])
+    if a == "--threads" and i + 1 < len(argv):
+      return int(argv[i + 1])
+  return 1
+
+
+_THREADS = _threads_from_argv(sys.argv[1:])
+if _THREADS == 1 and "intra_op_parallelism_threads" not in os.environ.get(
+    "XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " "
+                             "--xla_cpu_multi_thread_eigen=false "
+                             "intra_op_parallelism_threads=1").strip()
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import jax
@@ -85,20 +111,23 @@ def _our_runner(model, prompts: np.ndarray, new_tokens: int):
   return run, last["stats"].compile_seconds, first, last
 
 
-def _best_interleaved(runners, repeats: int):
-  """Best wall time of each runner, alternating them so both see the same load.
+def _timed_interleaved(runners, repeats: int):
+  """Median wall and CPU seconds of each runner, alternating the runners.
 
   The machine is shared: timing all calls of one side and then all of the other
   lets a burst of outside load land on one side only.
   """
-  best = [float("inf")] * len(runners)
+  wall = [[] for _ in runners]
+  cpu = [[] for _ in runners]
   outs = [None] * len(runners)
   for _ in range(repeats):
     for i, run in enumerate(runners):
-      start = time.perf_counter()
+      start, start_cpu = time.perf_counter(), time.process_time()
       outs[i] = run()
-      best[i] = min(best[i], time.perf_counter() - start)
-  return best, outs
+      wall[i].append(time.perf_counter() - start)
+      cpu[i].append(time.process_time() - start_cpu)
+  return ([statistics.median(w) for w in wall],
+          [statistics.median(c) for c in cpu], [min(w) for w in wall], outs)
 
 
 def main(argv=None) -> None:
@@ -108,8 +137,9 @@ def main(argv=None) -> None:
   parser.add_argument("--prompt_len", type=int, default=64)
   parser.add_argument("--new_tokens", type=int, default=128)
   parser.add_argument("--repeats", type=int, default=5)
-  parser.add_argument("--threads", type=int, default=os.cpu_count(),
-                      help="torch intra-op threads (JAX uses all cores)")
+  parser.add_argument("--threads", type=int, default=1,
+                      help="threads of each side (torch intra-op; XLA: 1 or "
+                      "all cores)")
   parser.add_argument("--seed", type=int, default=0)
   args = parser.parse_args(argv)
   torch.set_num_threads(args.threads)
@@ -126,7 +156,8 @@ def main(argv=None) -> None:
         f"{jax.device_count()} devices), torch {torch.__version__} "
         f"({torch.get_num_threads()} threads), transformers "
         f"{transformers.__version__}; prompt {args.prompt_len}, "
-        f"{args.new_tokens} new tokens, greedy, best of {args.repeats}")
+        f"{args.new_tokens} new tokens, greedy, median of {args.repeats}; "
+        f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
 
   rows = []
   rs = np.random.RandomState(args.seed)
@@ -135,21 +166,22 @@ def main(argv=None) -> None:
     hf_run = _hf_runner(hf, prompts, args.new_tokens)
     our_run, compile_s, first_s, last = _our_runner(model, prompts,
                                                     args.new_tokens)
-    (hf_s, ours_s), (hf_tok, our_tok) = _best_interleaved(
-        [hf_run, our_run], args.repeats)
+    (hf_s, ours_s), (hf_cpu, our_cpu), (hf_min, our_min), (hf_tok, our_tok) = (
+        _timed_interleaved([hf_run, our_run], args.repeats))
     assert last["stats"].compilations == 0, "timed calls recompiled"
     n = batch * args.new_tokens
     agree = float((hf_tok == our_tok).mean())
-    rows.append((batch, n / hf_s, n / ours_s, hf_s / ours_s, compile_s,
-                 first_s, agree))
+    rows.append((batch, n / hf_s, n / ours_s, hf_s / ours_s, hf_min / our_min,
+                 hf_cpu / our_cpu, compile_s, first_s, agree))
 
-  header = ("batch", "transformers tok/s", "ours tok/s", "ratio",
-            "our compile s", "our 1st call s", "same tokens")
+  header = ("batch", "transformers tok/s", "ours tok/s", "ratio (median)",
+            "ratio (best)", "ratio (CPU s)", "our compile s", "our 1st call s",
+            "same tokens")
   print("| " + " | ".join(header) + " |")
   print("|" + "|".join("---" for _ in header) + "|")
-  for batch, hf_tps, tps, ratio, comp, first, agree in rows:
-    print(f"| {batch} | {hf_tps:,.0f} | {tps:,.0f} | {ratio:.2f}x | {comp:.2f} | "
-          f"{first:.2f} | {agree:.1%} |")
+  for batch, hf_tps, tps, ratio, best, cpu, comp, first, agree in rows:
+    print(f"| {batch} | {hf_tps:,.0f} | {tps:,.0f} | {ratio:.2f}x | {best:.2f}x | "
+          f"{cpu:.2f}x | {comp:.2f} | {first:.2f} | {agree:.1%} |")
 
 
 if __name__ == "__main__":

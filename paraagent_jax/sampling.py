@@ -43,9 +43,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from paraagent_jax.models import qwen3
+
 # Compiled executables shared by all samplers of a process: (name, graphdef,
 # static args, abstract arguments) -> jax.stages.Compiled.
 _COMPILED: dict[Any, Any] = {}
+
+# Slot axis of the model's cache arrays ([L, B, K, S, H]).
+_SEQ = qwen3.CACHE_SEQ_AXIS
 
 
 @dataclasses.dataclass
@@ -114,14 +119,15 @@ def _signature(tree) -> Any:
 
 def _window_view(cache, w: int):
   """The first `w` slots of every row (a copy XLA makes once per segment)."""
-  if w >= cache["k"].shape[2]:
+  if w >= cache["k"].shape[_SEQ]:
     return cache
-  return {**cache, "k": cache["k"][:, :, :w], "v": cache["v"][:, :, :w]}
+  return {**cache, "k": jax.lax.slice_in_dim(cache["k"], 0, w, axis=_SEQ),
+          "v": jax.lax.slice_in_dim(cache["v"], 0, w, axis=_SEQ)}
 
 
 def _write_back(cache, view):
   """Writes a window view back into the full cache (in place when donated)."""
-  if view["k"].shape[2] == cache["k"].shape[2]:
+  if view["k"].shape[_SEQ] == cache["k"].shape[_SEQ]:
     return view
   zero = (0,) * cache["k"].ndim
   return {**view,
@@ -139,10 +145,9 @@ def _append_fn(graphdef, params, cache, next_logits, input_ids, num_new, *,
   """
   model = nnx.merge(graphdef, params)
   logits, view = model.forward_chunk(input_ids, _window_view(cache, window),
-                                     num_new)
+                                     num_new, logits_at=num_new - 1)
   cache = _write_back(cache, view)
-  last = jnp.maximum(num_new - 1, 0)[:, None, None]
-  last_logits = jnp.take_along_axis(logits, last, axis=1)[:, 0]
+  last_logits = logits[:, 0]
   next_logits = jnp.where((num_new > 0)[:, None],
                           last_logits.astype(jnp.float32), next_logits)
   return cache, next_logits
@@ -235,9 +240,10 @@ def _decode_fn(graphdef, params, cache, next_logits, key, budget, stop_seqs,
       fits = jnp.all(~active | (view["lengths"] < w))
       return (i < n_buf) & jnp.any(active) & fits
 
-    carry = (carry[0], _window_view(cache, w)) + carry[2:]
+    view = model.unstack_cache(_window_view(cache, w))
+    carry = (carry[0], view) + carry[2:]
     carry = jax.lax.while_loop(cond, body, carry)
-    cache = _write_back(cache, carry[1])
+    cache = _write_back(cache, model.stack_cache(carry[1]))
   steps, _, logits, _, gen_len, _, toks, lps, plps, hit = carry
   return cache, logits, toks, lps, plps, gen_len, hit, steps
 
@@ -543,4 +549,4 @@ def continue_generation(model, state: SamplerState,
 
 def _state_capacity(state: SamplerState) -> int:
   """Cache capacity (slots per row) of a state's cache."""
-  return int(state.cache["k"].shape[2])
+  return int(state.cache["k"].shape[_SEQ])

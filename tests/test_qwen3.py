@@ -64,7 +64,7 @@ def test_forward_chunk_zero_new_leaves_row_untouched(tiny):
   np.testing.assert_array_equal(cache["k"][:, 0], before["k"][:, 0])
   np.testing.assert_array_equal(cache["lengths"], [3, 3])
   # Row 1's padding slot (index 2 after the first chunk) now holds a real token.
-  assert not np.allclose(cache["k"][:, 1, 2], before["k"][:, 1, 2])
+  assert not np.allclose(cache["k"][:, 1, :, 2], before["k"][:, 1, :, 2])
 
 
 def test_padding_beyond_capacity_is_dropped_not_clamped(tiny):
@@ -76,7 +76,8 @@ def test_padding_beyond_capacity_is_dropped_not_clamped(tiny):
   before = np.asarray(cache["k"])
   logits, cache = tiny.forward_chunk(jnp.asarray([[6, 0, 0, 0]], jnp.int32),
                                      cache, jnp.asarray([1], jnp.int32))
-  np.testing.assert_array_equal(np.asarray(cache["k"])[:, :, :5], before[:, :, :5])
+  np.testing.assert_array_equal(np.asarray(cache["k"])[..., :5, :],
+                                before[..., :5, :])
   full = tiny(jnp.asarray([[1, 2, 3, 4, 5, 6]], jnp.int32))
   np.testing.assert_allclose(logits[0, 0], full[0, 5], atol=2e-5)
 

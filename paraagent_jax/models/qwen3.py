@@ -13,9 +13,12 @@ sharding off: `sharding.shard_model` maps the names to a mesh through a rules
 table, with a divisibility fallback). With `scan_layers` the layer parameters are
 stacked along a leading "layers" axis and the stack runs under `jax.lax.scan`.
 
-The KV cache is a plain pytree `{"k", "v": [L, B, S, K, H], "lengths": [B]}`;
+The KV cache is a plain pytree `{"k", "v": [L, B, K, S, H], "lengths": [B]}`;
 `forward_chunk` appends a right-padded chunk per row and serves prefill, decode
-and multi-turn continuation (see its docstring for the contract).
+and multi-turn continuation (see its docstring for the contract). Slots are the
+second-to-last axis (`CACHE_SEQ_AXIS`) so that a decode step's attention over a
+row's cache is a contiguous [S, H] matmul per kv head (with slots before kv heads
+XLA CPU transposes the whole cache layer every step: ~4x slower decode attention).
 """
 
 from __future__ import annotations
@@ -33,6 +36,9 @@ from paraagent_jax import sharding as shd
 # Finite "minus infinity": a query with no visible key (a left-padding position)
 # then gets a uniform softmax instead of NaN.
 _MASK_VALUE = -1e30
+
+# Axis of the cache slots in `cache["k"]` / `cache["v"]` ([L, B, K, S, H]).
+CACHE_SEQ_AXIS = 3
 
 _PRESETS: dict[str, dict[str, Any]] = {
     # Sizes from the Hugging Face config.json of the Qwen3 releases.
@@ -164,28 +170,41 @@ def rms_norm(x, w, eps):
   return w.astype(x.dtype) * normed.astype(x.dtype)
 
 
-def rope(x, positions, theta):
-  """Split-halves rotary embedding. x [B,T,n,H], positions [B,T] int."""
-  h = x.shape[-1]
-  inv_freq = 1.0 / (theta ** (jnp.arange(0, h, 2, dtype=jnp.float32) / h))
+def rope_tables(positions, head_dim: int, theta: float):
+  """(cos, sin) [B,T,1,H/2] of split-halves RoPE; computed once per forward."""
+  inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32)
+                              / head_dim))
   freqs = positions.astype(jnp.float32)[..., None] * inv_freq     # [B,T,H/2]
-  cos = jnp.cos(freqs)[:, :, None, :]
-  sin = jnp.sin(freqs)[:, :, None, :]
+  return jnp.cos(freqs)[:, :, None, :], jnp.sin(freqs)[:, :, None, :]
+
+
+def apply_rope(x, tables):
+  """Rotates x [B,T,n,H] by the `rope_tables` of its positions."""
+  cos, sin = tables
   x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
   out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
   return out.astype(x.dtype)
 
 
-def _attend(q_btnh, k_bskh, v_bskh, mask_bts):
-  """Grouped-query attention; softmax in fp32. Returns [B,T,N,H]."""
+def rope(x, positions, theta):
+  """Split-halves rotary embedding. x [B,T,n,H], positions [B,T] int."""
+  return apply_rope(x, rope_tables(positions, x.shape[-1], theta))
+
+
+def _attend(q_btnh, k, v, mask_bts, kv_layout: str):
+  """Grouped-query attention; softmax in fp32. Returns [B,T,N,H].
+
+  `kv_layout` names the layout of k and v: "BSKH" (fresh projections, the
+  cache-free forward) or "BKSH" (the cache layer).
+  """
   b, t, n, h = q_btnh.shape
-  kh = k_bskh.shape[2]
+  kh = k.shape[kv_layout.index("K")]
   q = q_btnh.reshape(b, t, kh, n // kh, h)
-  scores = jnp.einsum("BTKGH,BSKH->BKGTS", q, k_bskh,
+  scores = jnp.einsum(f"BTKGH,{kv_layout}->BKGTS", q, k,
                       preferred_element_type=jnp.float32) * (h ** -0.5)
   scores = jnp.where(mask_bts[:, None, None], scores, _MASK_VALUE)
-  probs = jax.nn.softmax(scores, axis=-1).astype(v_bskh.dtype)
-  out = jnp.einsum("BKGTS,BSKH->BTKGH", probs, v_bskh)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+  out = jnp.einsum(f"BKGTS,{kv_layout}->BTKGH", probs, v)
   return out.reshape(b, t, n, h)
 
 
@@ -240,20 +259,20 @@ class DecoderLayers(nnx.Module):
     return {name: getattr(self, name)[...] for name in _LAYER_AXES}
 
 
-def _layer(p, x, positions, mask, cfg: Qwen3Config, ctx, kv_write=None):
+def _layer(p, x, rope_tab, mask, cfg: Qwen3Config, ctx, kv_write=None):
   """One decoder layer as a pure function of its parameter arrays `p`.
 
   Args:
     p: layer parameter arrays (see `_LAYER_AXES`).
     x: [B,T,D] residual stream (compute dtype).
-    positions: [B,T] RoPE positions.
+    rope_tab: `rope_tables` of the chunk's positions.
     mask: [B,T,S] bool, which keys each query sees.
     cfg: model config.
     ctx: (mesh, rules) for activation constraints, or None.
     kv_write: None for a cache-free forward (S = T); else (k_cache, v_cache,
-      layer, b_idx, slot) with caches [L,B,S,K,H]: the chunk's keys/values are
-      scattered to `slot` (out-of-range slots are dropped) and attention reads
-      the whole cache layer.
+      layer, b_idx, slot) with caches [L,B,K,S,H] (or one layer's [B,K,S,H]
+      when `layer` is None): the chunk's keys/values are scattered to `slot`
+      (out-of-range slots are dropped) and attention reads the whole layer.
 
   Returns:
     (x, k_cache, v_cache); the caches are None in the cache-free forward.
@@ -266,17 +285,20 @@ def _layer(p, x, positions, mask, cfg: Qwen3Config, ctx, kv_write=None):
   v = jnp.einsum("BTD,DKH->BTKH", h, p["v_proj"].astype(dt))
   q = con(q, ("batch", "seq", "act_heads", None))
   k = con(k, ("batch", "seq", "act_kv_heads", None))
-  q = rope(rms_norm(q, p["q_norm"], cfg.rms_norm_eps), positions, cfg.rope_theta)
-  k = rope(rms_norm(k, p["k_norm"], cfg.rms_norm_eps), positions, cfg.rope_theta)
+  q = apply_rope(rms_norm(q, p["q_norm"], cfg.rms_norm_eps), rope_tab)
+  k = apply_rope(rms_norm(k, p["k_norm"], cfg.rms_norm_eps), rope_tab)
   if kv_write is None:
     k_all = v_all = None
-    k_att, v_att = k, v
+    att = _attend(q, k, v, mask, "BSKH")
   else:
     k_all, v_all, layer, b_idx, slot = kv_write
-    k_all = k_all.at[layer, b_idx, slot].set(k.astype(k_all.dtype), mode="drop")
-    v_all = v_all.at[layer, b_idx, slot].set(v.astype(v_all.dtype), mode="drop")
-    k_att, v_att = k_all[layer].astype(dt), v_all[layer].astype(dt)
-  att = _attend(q, k_att, v_att, mask)
+    # Advanced indices split by the kv-head slice: the update is [B,T,K,H].
+    at = (b_idx, slice(None), slot) if layer is None else (
+        layer, b_idx, slice(None), slot)
+    k_all = k_all.at[at].set(k.astype(k_all.dtype), mode="drop")
+    v_all = v_all.at[at].set(v.astype(v_all.dtype), mode="drop")
+    k_l, v_l = (k_all, v_all) if layer is None else (k_all[layer], v_all[layer])
+    att = _attend(q, k_l.astype(dt), v_l.astype(dt), mask, "BKSH")
   x = x + jnp.einsum("BTNH,NHD->BTD", att, p["o_proj"].astype(dt))
   x = con(x, ("batch", "seq", "act_embed"))
   h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
@@ -345,17 +367,31 @@ class Qwen3(nnx.Module):
                       self.sharding_ctx)
 
   def _run_layers(self, x, positions, mask, cache=None, b_idx=None, slot=None):
-    """Runs all layers (loop or scan); threads the [L,...] caches if given."""
+    """Runs all layers (loop or scan); threads the caches if given.
+
+    The caches are [L,...] arrays, or tuples of per-layer arrays (the
+    `unstack_cache` form: attention then reads each layer's buffer directly,
+    where slicing a layer out of the stack copies it on every call).
+    """
     cfg, ctx = self.config, self.sharding_ctx
+
+    rope_tab = rope_tables(positions, cfg.head_dim, cfg.rope_theta)
 
     def one(p, x, k_all, v_all, layer):
       kv = None if k_all is None else (k_all, v_all, layer, b_idx, slot)
-      return _layer(p, x, positions, mask, cfg, ctx, kv)
+      return _layer(p, x, rope_tab, mask, cfg, ctx, kv)
 
     one = _maybe_remat(one, cfg.remat)
     k_all = v_all = None
     if cache is not None:
       k_all, v_all = cache["k"], cache["v"]
+    if isinstance(k_all, (tuple, list)):
+      k_out, v_out = [], []
+      for i, layer in enumerate(self.layers):
+        x, k_l, v_l = one(layer.arrays(), x, k_all[i], v_all[i], None)
+        k_out.append(k_l)
+        v_out.append(v_l)
+      return x, tuple(k_out), tuple(v_out)
     if cfg.scan_layers:
       def body(carry, xs):
         x, k_all, v_all = carry
@@ -395,10 +431,10 @@ class Qwen3(nnx.Module):
     return self._logits(x)
 
   def init_cache(self, batch_size: int, max_len: int, dtype=None) -> dict:
-    """An empty KV cache: {"k","v": [L,B,S,K,H] zeros, "lengths": [B] int32}."""
+    """An empty KV cache: {"k","v": [L,B,K,S,H] zeros, "lengths": [B] int32}."""
     cfg = self.config
     dtype = jnp.dtype(dtype or cfg.dtype)
-    shape = (cfg.num_layers, batch_size, max_len, cfg.num_kv_heads, cfg.head_dim)
+    shape = (cfg.num_layers, batch_size, cfg.num_kv_heads, max_len, cfg.head_dim)
     cache = {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype),
              "lengths": jnp.zeros((batch_size,), jnp.int32)}
     return self.constrain_cache(cache)
@@ -406,12 +442,38 @@ class Qwen3(nnx.Module):
   def constrain_cache(self, cache: dict) -> dict:
     """Applies the cache's logical sharding (batch over data/fsdp, kv heads)."""
     ctx = self.sharding_ctx
-    axes = ("layers", "batch", "cache_seq", "act_kv_heads", None)
-    return {"k": _constrain(cache["k"], axes, ctx),
-            "v": _constrain(cache["v"], axes, ctx),
+    axes = ("layers", "batch", "act_kv_heads", "cache_seq", None)
+
+    def con(x):
+      if isinstance(x, (tuple, list)):
+        return tuple(_constrain(y, axes[1:], ctx) for y in x)
+      return _constrain(x, axes, ctx)
+
+    return {"k": con(cache["k"]), "v": con(cache["v"]),
             "lengths": cache["lengths"]}
 
-  def forward_chunk(self, input_ids, cache, num_new):
+  def unstack_cache(self, cache: dict) -> dict:
+    """The cache with "k"/"v" as tuples of per-layer [B,K,S,H] arrays.
+
+    `forward_chunk` takes either form and returns the one it was given. A
+    decode loop keeps this form across its steps (one copy in, one out): with
+    the stacked form every step copies each layer out of the stack before its
+    attention. Scanned models keep the stacked form (the scan needs it).
+    """
+    if self.config.scan_layers or isinstance(cache["k"], (tuple, list)):
+      return cache
+    n = self.config.num_layers
+    return {**cache, "k": tuple(cache["k"][i] for i in range(n)),
+            "v": tuple(cache["v"][i] for i in range(n))}
+
+  @staticmethod
+  def stack_cache(cache: dict) -> dict:
+    """The inverse of `unstack_cache`: "k"/"v" as [L,B,K,S,H] arrays."""
+    if not isinstance(cache["k"], (tuple, list)):
+      return cache
+    return {**cache, "k": jnp.stack(cache["k"]), "v": jnp.stack(cache["v"])}
+
+  def forward_chunk(self, input_ids, cache, num_new, logits_at=None):
     """Appends a right-padded chunk to each row of the cache.
 
     Token i of row b is written to slot lengths[b]+i with position lengths[b]+i
@@ -420,14 +482,21 @@ class Qwen3(nnx.Module):
 
     Args:
       input_ids: [B,T] int chunk (right-padded).
-      cache: the pytree from `init_cache` (or a previous call).
+      cache: the pytree from `init_cache` (or a previous call), stacked or in
+        the `unstack_cache` form.
       num_new: [B] int32, real tokens per row (0 leaves the row untouched).
+      logits_at: optional [B] int, one chunk position per row: only its logits
+        are computed (a prefill needs the last token's; the LM head over every
+        position would be a quarter of the prefill's work at vocab 4096).
 
     Returns:
-      (logits [B,T,V] float32, cache with lengths += num_new).
+      (logits [B,T,V] float32 ([B,1,V] with `logits_at`), cache with
+      lengths += num_new).
     """
     b, t = input_ids.shape
-    s = cache["k"].shape[2]
+    k0 = cache["k"]
+    s = (k0[0].shape[CACHE_SEQ_AXIS - 1] if isinstance(k0, (tuple, list))
+         else k0.shape[CACHE_SEQ_AXIS])
     lengths = cache["lengths"].astype(jnp.int32)
     num_new = jnp.asarray(num_new, jnp.int32)
     offs = jnp.arange(t, dtype=jnp.int32)[None, :]
@@ -439,6 +508,9 @@ class Qwen3(nnx.Module):
                                        cache, b_idx, slot)
     new_cache = self.constrain_cache(
         {"k": k_all, "v": v_all, "lengths": lengths + num_new})
+    if logits_at is not None:
+      at = jnp.clip(jnp.asarray(logits_at, jnp.int32), 0, t - 1)
+      x = jnp.take_along_axis(x, at[:, None, None], axis=1)
     return self._logits(x), new_cache
 
 
