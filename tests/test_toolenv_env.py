@@ -219,3 +219,37 @@ def test_segments_rules():
   assert rw.segments(["execute", "answer", "execute"]) == [("execute", 0, 0), ("execute", 2, 2)]
   assert rw.value_in_answer("12.5", "the value is 12.5.")
   assert not rw.value_in_answer("12.5", "the value is 112.55")
+
+
+def test_schema_memos_are_shared_but_seed_free_and_reset_on_growth(cat):
+  """Executors of one catalog share spec/plan memos; results never depend on it."""
+  from toolenv.catalog.store import Catalog
+  search = _find(cat, "search")
+  brand = search.name.split("_")[0]
+  get = cat[f"{brand}_get_{search.meta['entity']}"]
+  idf = get.meta["id_field"]
+  # A seed-0 executor fills the shared memos first; a seed-1 one reusing them
+  # must answer exactly like a seed-1 executor over a fresh copy of the catalog.
+  e0 = ex.Executor(cat, seed=0)
+  hit = e0.run(search.name, {"query": "amber"}, e0.new_state())["results"][0]
+  e1 = ex.Executor(cat, seed=1)
+  assert e1._plan_cache is e0._plan_cache  # pylint: disable=protected-access
+  fresh = ex.Executor(Catalog(list(cat), name="copy"), seed=1)
+  assert fresh._plan_cache is not e0._plan_cache  # pylint: disable=protected-access
+  r1 = e1.run(get.name, {idf: hit[idf]}, e1.new_state())
+  r2 = fresh.run(get.name, {idf: hit[idf]}, fresh.new_state())
+  assert r1 == r2 and r1 != e0.run(get.name, {idf: hit[idf]}, e0.new_state())
+  # Without its get tool, the provider's records come from the search tool's
+  # response schema; after the get tool is added, a new executor must see it.
+  small = Catalog([t for t in cat if t.provider == search.provider and t.name != get.name])
+  es = ex.Executor(small, seed=0)
+  hs = es.run(search.name, {"query": "amber"}, es.new_state())["results"][0]
+  before = es._record_schema(search)  # pylint: disable=protected-access
+  small.add(get)
+  eg = ex.Executor(small, seed=0)
+  assert eg._plan_cache is not es._plan_cache  # pylint: disable=protected-access
+  assert eg._record_schema(search) == dict(get.response["properties"]) != before  # pylint: disable=protected-access
+  # ... and answer like an executor over the full catalog (names now known).
+  full = e0.run(search.name, {"query": "amber"}, e0.new_state())
+  assert eg.run(search.name, {"query": "amber"}, eg.new_state()) == full
+  assert hs["name"] is None and hs[idf] == full["results"][0][idf]

@@ -329,6 +329,32 @@ def canonical_call(tool: Tool, arguments: dict[str, Any]) -> str:
   return tool.name + canonical_json(with_defaults(tool, arguments))
 
 
+def _schema_memo(catalog) -> dict[str, dict]:
+  """Memos that depend only on the catalog's tools, shared by its executors.
+
+  Tool specs and compiled record plans are functions of the schemas alone
+  (not of the seed or an episode), so every `Executor` over one catalog can
+  share them: a rollout that makes a fresh env per iteration then compiles
+  each schema once per process, not once per env. Keyed by the catalog's
+  size, so a catalog that grows gets fresh memos (`spec` also checks the
+  tool's identity). Catalogs that take no attributes get private memos.
+  """
+  try:
+    size = len(catalog)
+  except TypeError:
+    size = None
+  cached = getattr(catalog, "_executor_memo", None)
+  if cached is not None and size is not None and cached[0] == size:
+    return cached[1]
+  memo = {"specs": {}, "record_schemas": {}, "record_plans": {}}
+  if size is not None:
+    try:
+      catalog._executor_memo = (size, memo)  # pylint: disable=protected-access
+    except AttributeError:
+      pass
+  return memo
+
+
 class Executor:
   """Simulates the tools of one catalog; ``state`` is per episode.
 
@@ -341,7 +367,10 @@ class Executor:
     self.catalog = catalog
     self.seed = seed
     self._records: dict[tuple[str, str], dict[str, Any]] = {}
-    self._specs: dict[str, ToolSpec] = {}
+    memo = _schema_memo(catalog)
+    self._specs: dict[str, ToolSpec] = memo["specs"]
+    self._rec_cache: dict[tuple[str, str], dict[str, Any]] = memo["record_schemas"]
+    self._plan_cache: dict[tuple[str, str], tuple] = memo["record_plans"]
 
   def spec(self, tool: Tool) -> ToolSpec:
     """The `ToolSpec` of ``tool``, memoised by name (checked by identity)."""
@@ -380,7 +409,7 @@ class Executor:
 
   def _record_schema(self, tool: Tool) -> dict[str, Any]:
     """Field schemas of the entity, from the provider's get tool if it exists."""
-    cache = self.__dict__.setdefault("_rec_cache", {})
+    cache = self._rec_cache
     key = (tool.provider, tool.meta["entity"])
     if key not in cache:
       brand = tool.name.split("_", 1)[0]
@@ -390,7 +419,7 @@ class Executor:
 
   def _record_plan(self, tool: Tool) -> tuple[int, tuple]:
     """The `_record_plan` of ``tool``'s entity (memoised)."""
-    cache = self.__dict__.setdefault("_plan_cache", {})
+    cache = self._plan_cache
     key = (tool.provider, tool.meta["entity"])
     plan = cache.get(key)
     if plan is None:
