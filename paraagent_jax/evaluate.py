@@ -2,7 +2,7 @@ r"""Evaluation entry point: policies x strategies x benchmarks -> reports.
 
     python -m paraagent_jax.evaluate --config=configs/evaluate.py \
         --workdir=/tmp/eval [--checkpoint=/tmp/demo/rl]
-    python -m paraagent_jax.evaluate --compare /tmp/eval_a /tmp/eval_b
+    python -m paraagent_jax.evaluate --compare=/tmp/eval_a,/tmp/eval_b
 
 ``--checkpoint`` is a training workdir (Orbax; its ``config.json`` gives the
 model) or a Hugging Face directory; without it the config's ``policy`` is
