@@ -185,11 +185,15 @@ def rollout_config(rl):
 
 
 def greedy_eval(policy, fmt, catalog, tasks, rcfg, strategy: str = "paraact",
-                seed: int = 0) -> dict[str, float]:
-  """Greedy success per task kind (and overall), turns, calls per execute step."""
+                seed: int = 0, obs_format: str = "full") -> dict[str, float]:
+  """Greedy success per task kind (and overall), turns, calls per execute step.
+
+  ``obs_format``: ToolEnv's observation format (``config.data.obs_format``,
+  the one the demonstrations were built with).
+  """
   import toolenv  # pylint: disable=g-import-not-at-top
   from paraagent_jax.paraact import rollout  # pylint: disable=g-import-not-at-top
-  env = toolenv.VectorToolEnv(catalog, num_envs=len(tasks),
+  env = toolenv.VectorToolEnv(catalog, num_envs=len(tasks), obs_format=obs_format,
                               **toolenv.oracle.env_options(strategy))
   temp = policy.temperature
   policy.temperature = 0.0
@@ -330,12 +334,15 @@ def run_rl(config: ml_collections.ConfigDict, workdir: str) -> dict:
                                         for k, v in metrics.items()}})
 
   g = rl.group_size
-  env = toolenv.VectorToolEnv(catalog, num_envs=rl.tasks_per_iter * g,
+  # The observation format the SFT demonstrations were built with.
+  obs_format = str(config.data.get("obs_format", "full"))
+  env = toolenv.VectorToolEnv(catalog, num_envs=rl.tasks_per_iter * g, obs_format=obs_format,
                               **toolenv.oracle.env_options(rl.strategy))
   result = last_eval(history)
   try:
     if start_it == 0 and rl.eval_every:
-      before = greedy_eval(policy, fmt, catalog, eval_tasks, rcfg, rl.strategy)
+      before = greedy_eval(policy, fmt, catalog, eval_tasks, rcfg, rl.strategy,
+                           obs_format=obs_format)
       log(0, before, "eval")
       print(f"rl: held-out greedy success before RL {before['success']:.3f}", flush=True)
     for it in range(start_it + 1, rl.iterations + 1):
@@ -385,7 +392,7 @@ def run_rl(config: ml_collections.ConfigDict, workdir: str) -> dict:
       final = it == rl.iterations
       if (rl.eval_every and it % rl.eval_every == 0) or final:
         result = greedy_eval(policy_with(policy, nnx.merge(t.graphdef, t.state)), fmt,
-                             catalog, eval_tasks, rcfg, rl.strategy)
+                             catalog, eval_tasks, rcfg, rl.strategy, obs_format=obs_format)
         log(it, result, "eval")
         print(f"rl: held-out greedy success {result['success']:.3f} "
               f"(multi-tool {result.get('success_multi_tool', 0.0):.3f})", flush=True)

@@ -75,8 +75,9 @@ def greedy_eval(config, workdir: str, graphdef, state) -> dict[str, float]:
   tasks = rl_stage.draw_tasks(gen, "test", 0, int(config.sft_eval_tasks), kinds)
   policy = policies.JaxPolicy(nnx.merge(graphdef, state), fmt, max_len=rl.max_len,
                               max_turn_tokens=rl.max_turn_tokens, temperature=0.0)
-  result = rl_stage.greedy_eval(policy, fmt, catalog, tasks,
-                                rl_stage.rollout_config(rl), rl.strategy)
+  result = rl_stage.greedy_eval(
+      policy, fmt, catalog, tasks, rl_stage.rollout_config(rl), rl.strategy,
+      obs_format=str(config.data.get("obs_format", "full")))
   result["num_tasks"] = len(tasks)
   result["eval_seconds"] = round(time.time() - t0, 1)
   print(f"sft: greedy ParaAct on {len(tasks)} held-out test tasks "

@@ -12,6 +12,9 @@ makes the environment raise: malformed steps, unknown tools, bad arguments
 and acting after the end are error observations with a penalty
 (`toolenv.rewards` has the formulas). ``enforce_phases=False`` lets a step mix
 meta-tools and catalog tools (the baselines without phases).
+``obs_format="compact"`` renders search results as ``name(params)`` without
+the one-line descriptions (`compact_result_line`): the same tools in about
+half the tokens, for small models whose cost grows with every context token.
 """
 
 from __future__ import annotations
@@ -23,12 +26,18 @@ from toolenv import rewards as rw
 from toolenv.executor import (Executor, canonical_call, canonical_json, digest, error,
                               state_key, with_defaults)
 from toolenv.schema import GET_TOOL_DOC, META_TOOLS, SEARCH_TOOLS, Call, Step, StepResult
-from toolenv.search import SearchIndex, get_tool_doc
+from toolenv.search import SearchIndex, get_tool_doc, param_signature
 from toolenv.tasks import Task
 
 MAX_CALLS_PER_STEP = 16
 MAX_OBS_CHARS = 1500          # per call block
 FAULTS = ("timeout", "rate_limited", "unavailable")
+OBS_FORMATS = ("full", "compact")
+
+
+def compact_result_line(tool) -> str:
+  """A search-result line without the description: ``name(params)``."""
+  return f"{tool.name}{param_signature(tool)}"
 
 
 def _short(x: Any, n: int = 60) -> str:
@@ -46,7 +55,11 @@ class ToolEnv:
 
   def __init__(self, catalog, *, seed: int | None = None, index: SearchIndex | None = None,
                executor: Executor | None = None, reward_config: rw.RewardConfig | None = None,
-               enforce_phases: bool = True, fault_rate: float = 0.0, top_k: int = 5):
+               enforce_phases: bool = True, fault_rate: float = 0.0, top_k: int = 5,
+               obs_format: str = "full"):
+    if obs_format not in OBS_FORMATS:
+      raise ValueError(f"obs_format={obs_format!r}; expected one of {OBS_FORMATS}")
+    self.obs_format = obs_format
     self.catalog = catalog
     self.seed = catalog.info.get("seed", 0) if seed is None else seed
     self.index = index or SearchIndex.for_catalog(catalog)
@@ -199,6 +212,9 @@ class ToolEnv:
         return _dump(error("bad_arguments", "search_tools takes {\"query\": str, "
                            "\"top_k\": int (optional)}", name)), False, []
       hits = self.index.search(q, k)
+      if self.obs_format == "compact":
+        text = "\n".join(compact_result_line(self.catalog[n]) for n, _ in hits)
+        return text or "no tools found", True, [h for h, _ in hits]
       return self.index.search_text(q, k), True, [h for h, _ in hits]
     tname = args.get("name")
     if set(args) != {"name"} or not isinstance(tname, str):

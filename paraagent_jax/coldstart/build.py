@@ -22,7 +22,9 @@ imperfection (dict of `roles.Imperfection` fields or a float scaling the
 default mix; default the default mix), kinds, batch_size, chat (dict:
 base_url, model, cache_dir, max_workers, temperature), search_top_k (the
 scripted explorers pass it to ``search_tools``; 0 = the env's default 5),
-thoughts ("full", "plan" or "none": see `orchestrator.Orchestrator`).
+thoughts ("full", "plan" or "none": see `orchestrator.Orchestrator`),
+obs_format (ToolEnv's observation format, "full" or "compact"; the policy's
+evaluation and RL must use the same one).
 """
 
 from __future__ import annotations
@@ -133,7 +135,8 @@ def build_demonstrations(config, out_dir: str) -> dict:
   gen = toolenv.TaskGenerator(catalog, seed=seed)
   roles = make_roles(data, catalog, seed)
   orch = orch_lib.Orchestrator(catalog, roles, batch_size=int(_get(data, "batch_size", 256)),
-                               verbose=True, thoughts=str(_get(data, "thoughts", "full")))
+                               verbose=True, thoughts=str(_get(data, "thoughts", "full")),
+                               obs_format=str(_get(data, "obs_format", "full")))
   os.makedirs(out_dir, exist_ok=True)
   stats: dict[str, Any] = {"backend": roles.name, "seed": seed}
   for split, n in (("train", num_tasks), ("test", num_test)):

@@ -76,12 +76,14 @@ class Orchestrator:
       (every one), "plan" (only the planner's, on the first step: the count
       of sub-goals and levels) or "none". Fewer thought tokens make shorter
       demonstrations (the CPU demo) without changing any call.
+    obs_format: ToolEnv's observation format ("full" or "compact"); the
+      policy trained on these demonstrations must be run in the same one.
   """
 
   THOUGHTS = ("full", "plan", "none")
 
   def __init__(self, catalog, roles: RoleSet, batch_size: int = 256, verbose: bool = False,
-               thoughts: str = "full"):
+               thoughts: str = "full", obs_format: str = "full"):
     if thoughts not in self.THOUGHTS:
       raise ValueError(f"thoughts={thoughts!r}; expected one of {self.THOUGHTS}")
     self.catalog = catalog
@@ -90,7 +92,8 @@ class Orchestrator:
     self.verbose = verbose
     self.thoughts = thoughts
     self.system = get_strategy("paraact").system_prompt()
-    self.env = VectorToolEnv(catalog, 1, **oracle.env_options("paraact"))
+    self.env = VectorToolEnv(catalog, 1, obs_format=obs_format,
+                             **oracle.env_options("paraact"))
 
   # ---- one episode -----------------------------------------------------------
   def episode(self, task: Task, counters: collections.Counter) -> Episode:

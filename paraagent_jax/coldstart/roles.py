@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import re
 from typing import Any, Callable, Iterable, Sequence
 
 from toolenv import oracle
@@ -169,7 +170,10 @@ def block_mentions(block: str | None, tool: str) -> bool:
   """Whether a search-result block lists ``tool`` (one result per line)."""
   if not block:
     return False
-  return any(line.split(":", 1)[0].strip().endswith(tool) for line in block.splitlines())
+  # A line starts with the tool name, then ": description (params)" (the
+  # full format) or "(params)" (ToolEnv's obs_format="compact").
+  return any(re.split(r"[:(]", line, maxsplit=1)[0].strip().endswith(tool)
+             for line in block.splitlines())
 
 
 class ScriptedExplorer(Role):

@@ -41,6 +41,12 @@ hosts read disjoint rows and the position is one integer (exact resume).
   length_bucket: 0 (default: every batch is seq_len long), an int L (buckets
     at the multiples of L) or a string of lengths "512,768,1024" (seq_len is
     always the last bucket).
+  context_loss_weight: weight of the non-assistant tokens (system, task,
+    observations) in the ``train`` split's loss mask (default 0: assistant
+    tokens only). A small weight makes the model also predict the
+    observations, whose tool names and ids repeat what came before: a cheap
+    extra copying signal for a model trained from scratch. Other splits keep
+    the 0/1 mask, so the validation loss stays the assistant-token loss.
 """
 
 from __future__ import annotations
@@ -170,7 +176,11 @@ class DemonstrationSFTData:
   def __init__(self, records, tokenizer, *, batch_size: int, seq_len: int,
                seed: int = 0, split: str = "train", overlong: str = "drop",
                process_index: int = 0, process_count: int = 1,
-               encoded=None, length_bucket: int | str | Sequence[int] = 0):
+               encoded=None, length_bucket: int | str | Sequence[int] = 0,
+               context_weight: float = 0.0):
+    if not 0.0 <= context_weight <= 1.0:
+      raise ValueError(f"context_loss_weight={context_weight} not in [0, 1]")
+    self._context_weight = float(context_weight)
     if overlong not in OVERLONG_MODES:
       raise ValueError(f"overlong={overlong!r}; expected one of "
                        f"{OVERLONG_MODES}")
@@ -271,7 +281,8 @@ class DemonstrationSFTData:
     for r in range(b):
       ids, mask = self._examples[self.example_index(first + r)]
       tokens[r, :len(ids)] = ids
-      loss_mask[r, :len(ids)] = mask
+      loss_mask[r, :len(ids)] = (np.where(mask > 0, mask, self._context_weight)
+                                 if self._context_weight else mask)
       attention[r, :len(ids)] = 1
     return {"tokens": tokens, "loss_mask": loss_mask,
             "attention_mask": attention}
@@ -357,7 +368,9 @@ def make_sft_data(data_config, *, split: str, batch_size: int, seq_len: int,
       records, tok, batch_size=batch_size, seq_len=seq_len, seed=seed,
       split=split, overlong=str(_get(data_config, "overlong", "drop")),
       process_index=process_index, process_count=process_count,
-      encoded=encoded, length_bucket=_get(data_config, "length_bucket", 0))
+      encoded=encoded, length_bucket=_get(data_config, "length_bucket", 0),
+      context_weight=(float(_get(data_config, "context_loss_weight", 0.0))
+                      if split == "train" else 0.0))
   print(f"demonstrations[{split}]: {data.num_examples} examples, "
         f"{data.num_dropped} dropped and {data.num_truncated} truncated "
         f"(over {seq_len} tokens), vocab {data.vocab_size}", flush=True)

@@ -1,0 +1,65 @@
+"""Greedy transcripts of an SFT checkpoint on a few test (or train) tasks.
+
+  python scripts/sft_diagnose.py --workdir=/tmp/demo_run/sft --split=test --n=10
+
+Prints success per kind and, per episode, the decoded policy turns and the
+observations, so one can see which step fails (tool name, id, answer).
+"""
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def main():
+  ap = argparse.ArgumentParser()
+  ap.add_argument("--workdir", required=True)
+  ap.add_argument("--split", default="test")
+  ap.add_argument("--n", type=int, default=10)
+  ap.add_argument("--start", type=int, default=0)
+  ap.add_argument("--show", type=int, default=5)
+  ap.add_argument("--max_chars", type=int, default=600)
+  args = ap.parse_args()
+  # pylint: disable=g-import-not-at-top
+  import ml_collections
+  from flax import nnx
+  import toolenv
+  from paraagent_jax import checkpoint as ckpt_lib
+  from paraagent_jax import rl_stage, train
+  from paraagent_jax import tokenizer as tok_lib
+  from paraagent_jax import sharding as shd
+  from paraagent_jax.paraact import chat_format, policies, rollout
+  with open(os.path.join(args.workdir, "config.json")) as f:
+    config = ml_collections.ConfigDict(json.load(f))
+  tok = tok_lib.load_tokenizer(rl_stage.tokenizer_path(config))
+  mcfg = train.model_config(config, vocab_size=len(tok))
+  mesh = shd.make_mesh({"data": 1, "fsdp": -1, "tensor": 1})
+  graphdef, abstract, shardings = train.abstract_model(mcfg, mesh, shd.as_rules(None))
+  ckdir = os.path.join(args.workdir, "checkpoints")
+  state = ckpt_lib.restore_model_state(args.workdir,
+                                       ckpt_lib.with_shardings(abstract, shardings))
+  rl = config.rl
+  fmt = chat_format.ChatFormat(tok, strategy=rl.strategy)
+  catalog = toolenv.load_catalog(rl.catalog, seed=rl.catalog_seed)
+  gen = toolenv.TaskGenerator(catalog, seed=rl.task_seed)
+  kinds = [k for k in rl.kinds.split(",") if k]
+  tasks = rl_stage.draw_tasks(gen, args.split, args.start, args.n, kinds)
+  policy = policies.JaxPolicy(nnx.merge(graphdef, state), fmt, max_len=rl.max_len,
+                              max_turn_tokens=rl.max_turn_tokens, temperature=0.0)
+  env = toolenv.VectorToolEnv(catalog, num_envs=len(tasks),
+                              obs_format=str(config.data.get("obs_format", "full")),
+                              **toolenv.oracle.env_options(rl.strategy))
+  res = rollout.run_rollout(policy, env, tasks, fmt, rl_stage.rollout_config(rl))
+  print(json.dumps(rl_stage.summarize(tasks, res.episodes)))
+  for i in range(min(args.show, len(tasks))):
+    buf = res.buffers[i]
+    print("=" * 30, tasks[i].kind, "success", res.episodes[i]["success"])
+    text = tok.decode(list(buf.tokens), skip_special_tokens=False)
+    print(text[:20000])
+
+
+if __name__ == "__main__":
+  main()

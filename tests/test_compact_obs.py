@@ -1,0 +1,138 @@
+"""The demo's short-context options: ToolEnv ``obs_format="compact"`` and the
+SFT ``context_loss_weight``.
+
+References are independent of the code under test: the full-format search
+lines (name, description, parameter list) cut by hand-written string
+operations, the gold oracle's steps, and masks re-derived from the 0/1
+assistant mask with numpy.
+"""
+
+import re
+
+import ml_collections
+import numpy as np
+import pytest
+
+import toolenv
+from paraagent_jax.coldstart import orchestrator, roles
+from paraagent_jax.data import demo_tokenizer, demonstrations
+from paraagent_jax.paraact import chat_format, policies, rollout
+from toolenv.catalog import procedural
+from toolenv.schema import Call, Step
+
+from tests import test_data_pipeline as tdp  # the demonstrations fixture data
+
+
+@pytest.fixture(scope="module")
+def cat():
+  return procedural.build_catalog(seed=0, size=3000)
+
+
+@pytest.fixture(scope="module")
+def tasks(cat):
+  return toolenv.TaskGenerator(cat, seed=0).generate(10, split="test")
+
+
+def _search(env, query, k=3):
+  step = Step("explore", [Call("search_tools", {"query": query, "top_k": k})])
+  return env.step(step).observation
+
+
+def test_compact_search_lines_are_full_lines_without_description(cat, tasks):
+  full = toolenv.ToolEnv(cat)
+  compact = toolenv.ToolEnv(cat, obs_format="compact")
+  for task in tasks[:5]:
+    full.reset(task)
+    compact.reset(task)
+    for node in task.nodes:
+      a = _search(full, node["query"]).splitlines()
+      b = _search(compact, node["query"]).splitlines()
+      assert len(a) == len(b) == 3
+      for la, lb in zip(a, b):
+        la = re.sub(r"^\[1\] search_tools: ", "", la)
+        lb = re.sub(r"^\[1\] search_tools: ", "", lb)
+        name, rest = la.split(": ", 1)
+        params = rest[rest.rindex(" (") + 1:]       # the trailing "(...)"
+        # Same tool at the same rank, its parameter list, no description.
+        assert lb == name + params
+        assert cat[name].description not in lb
+
+
+def test_compact_is_shorter_and_bad_format_rejected(cat, tasks):
+  full = toolenv.ToolEnv(cat)
+  compact = toolenv.ToolEnv(cat, obs_format="compact")
+  full.reset(tasks[0])
+  compact.reset(tasks[0])
+  q = tasks[0].nodes[0]["query"]
+  assert len(_search(compact, q)) < 0.75 * len(_search(full, q))
+  with pytest.raises(ValueError, match="obs_format"):
+    toolenv.ToolEnv(cat, obs_format="tiny")
+
+
+def test_block_mentions_both_formats():
+  full = "acme_get_book: Look up one Acme book by id. (book_id*: str)"
+  compact = "acme_get_book(book_id*: str)\nacme_list_books(format*: a|b)"
+  assert roles.block_mentions(full, "acme_get_book")
+  assert roles.block_mentions(compact, "acme_list_books")
+  assert not roles.block_mentions(compact, "acme_delete_book")
+  # A tool named in a parameter list is no mention.
+  assert not roles.block_mentions("acme_get_book(str_id*: str)", "str_id")
+
+
+def test_compact_demos_succeed_and_oracle_scores_100(cat, tasks):
+  orch = orchestrator.Orchestrator(
+      cat, roles.scripted_roles(cat, roles.Imperfection.default(), search_top_k=3),
+      obs_format="compact")
+  kept, stats = orch.run(tasks)
+  assert stats["kept_fraction"] == 1.0
+  tool_text = [m["content"] for d in kept for m in d["messages"] if m["role"] == "tool"]
+  assert any("search_tools:" in t for t in tool_text)
+  # No description text (": " after a tool name) in any search result line.
+  for t in tool_text:
+    if "search_tools:" in t:
+      for line in t.splitlines():
+        line = re.sub(r"^\[\d+\] search_tools: ", "", line)
+        assert re.fullmatch(r"[a-z0-9_]+\(.*\)", line), line
+
+
+def test_oracle_rollout_compact(cat, tasks, tmp_path):
+  """The oracle through the text path in the compact env solves every task."""
+  texts = [t.instruction for t in tasks] + ["search_tools get_tool_doc"] * 3
+  tok = demo_tokenizer.train_demo_tokenizer(texts, str(tmp_path), vocab_size=600)
+  fmt = chat_format.ChatFormat(tok, strategy="paraact")
+  env = toolenv.VectorToolEnv(cat, num_envs=len(tasks), obs_format="compact",
+                              **toolenv.oracle.env_options("paraact"))
+  res = rollout.run_rollout(policies.OraclePolicy(fmt), env, tasks, fmt,
+                            rollout.RolloutConfig(max_turns=16, max_len=8192))
+  assert all(e["success"] for e in res.episodes)
+
+
+@pytest.fixture(scope="module")
+def sft_config(tmp_path_factory):
+  d = tmp_path_factory.mktemp("src")
+  for split, n in {"train": 12, "test": 5}.items():
+    tdp._write(d / f"demonstrations_{split}.jsonl", [tdp._demo(split, i) for i in range(n)])
+    tdp._write(d / f"tasks_{split}.jsonl", [tdp._task(split, i) for i in range(n)])
+  return ml_collections.ConfigDict({"data_dir": str(d), "tokenizer": "",
+                                    "catalog": "procedural", "tokenizer_vocab_size": 600})
+
+
+def test_context_loss_weight(sft_config):
+  base = demonstrations.make_sft_data(sft_config, split="train", batch_size=3,
+                                      seq_len=256, seed=1)
+  cfg = ml_collections.ConfigDict(dict(sft_config, context_loss_weight=0.25))
+  weighted = demonstrations.make_sft_data(cfg, split="train", batch_size=3,
+                                          seq_len=256, seed=1)
+  a, b = next(base), next(weighted)
+  np.testing.assert_array_equal(a["tokens"], b["tokens"])
+  real = a["attention_mask"] > 0
+  want = np.where(a["loss_mask"] > 0, 1.0, np.where(real, 0.25, 0.0))
+  np.testing.assert_allclose(b["loss_mask"], want)
+  assert (b["loss_mask"][~real] == 0).all() and (b["loss_mask"] == 0.25).any()
+  # The validation split keeps the assistant-only 0/1 mask.
+  v = next(demonstrations.make_sft_data(cfg, split="validation", batch_size=2,
+                                        seq_len=256, seed=0))
+  assert set(np.unique(v["loss_mask"])) <= {0.0, 1.0}
+  bad = ml_collections.ConfigDict(dict(sft_config, context_loss_weight=1.5))
+  with pytest.raises(ValueError, match="context_loss_weight"):
+    demonstrations.make_sft_data(bad, split="train", batch_size=2, seq_len=256, seed=0)
