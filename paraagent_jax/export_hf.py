@@ -21,6 +21,7 @@ import sys
 
 from absl import app
 from absl import flags
+from absl import logging
 from flax import nnx
 import jax
 import ml_collections
@@ -186,6 +187,9 @@ def main(argv) -> None:
   """Command line: one-line errors for bad input."""
   if len(argv) > 1:
     sys.exit(f"paraagent_jax.export_hf: error: unexpected arguments {argv[1:]}")
+  if not flags.FLAGS["verbosity"].present:
+    # Orbax logs every file it reads at INFO; keep the console readable.
+    logging.set_verbosity(logging.WARNING)
   if not _WORKDIR.value or not _OUT.value:
     sys.exit("paraagent_jax.export_hf: error: --workdir and --out are required")
   try:
