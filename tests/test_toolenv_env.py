@@ -4,6 +4,8 @@ A small procedural catalog (3,000 tools, built in memory) keeps these fast;
 the 50,011-tool checks live in test_toolenv_determinism.py.
 """
 
+import json
+
 import pytest
 
 import toolenv
@@ -253,3 +255,36 @@ def test_schema_memos_are_shared_but_seed_free_and_reset_on_growth(cat):
   full = e0.run(search.name, {"query": "amber"}, e0.new_state())
   assert eg.run(search.name, {"query": "amber"}, eg.new_state()) == full
   assert hs["name"] is None and hs[idf] == full["results"][0][idf]
+
+
+def test_bare_scalar_and_error_field_responses_are_not_errors():
+  """A real API may return a bare scalar or have its own top-level ``error`` field."""
+  from toolenv.catalog.store import Catalog
+  from toolenv.tasks import Task
+  tools = [
+      toolenv.Tool("acme_count_items", "misc", "acme", "Count the items.", source="openapi",
+                   response={"type": "integer", "minimum": 5, "maximum": 9}),
+      toolenv.Tool("acme_get_status", "misc", "acme", "The service status.", source="openapi",
+                   response={"type": "object", "properties": {
+                       "error": {"type": "string"}, "uptime": {"type": "number"}}}),
+  ]
+  cat = Catalog(tools, name="tiny")
+  node = {"id": "n0", "tool": "acme_count_items", "arguments": {}, "deps": [], "level": 0,
+          "query": "acme count items", "late": False}
+  task = Task("t0", "single", "test", "Count the acme items.", [node],
+              [{"label": "count", "value": "x"}])
+  env = toolenv.VectorToolEnv(cat, num_envs=1)
+  env.reset([task])
+  r = env.step([Step("execute", [Call("acme_count_items", {}), Call("acme_get_status", {}),
+                                 Call("acme_get_status", {"bogus": 1})])])[0]
+  assert "internal_error" not in r.info, r.info
+  assert r.info["statuses"] == ["ok", "ok", "error"]
+  lines = r.observation.splitlines()
+  assert 5 <= int(lines[0].split(": ", 1)[1]) <= 9      # the bare integer itself
+  assert '"uptime"' in lines[1] and '"unknown_argument"' in lines[2]
+  assert env.envs[0].completed == {"n0"}
+  # The error marker survives as plain JSON: observations read the same as before.
+  e = ex.error("not_found", "no such id", "acme_get_status")
+  assert ex.is_error(e) and not ex.is_error({"error": "x", "message": "y"})
+  assert json.loads(json.dumps(e)) == {"error": "not_found", "message": "no such id",
+                                       "tool": "acme_get_status"}

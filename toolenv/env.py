@@ -23,7 +23,7 @@ import json
 from typing import Any, Sequence
 
 from toolenv import rewards as rw
-from toolenv.executor import (Executor, canonical_call, canonical_json, digest, error,
+from toolenv.executor import (Executor, canonical_call, canonical_json, digest, error, is_error,
                               state_key, with_defaults)
 from toolenv.schema import GET_TOOL_DOC, META_TOOLS, SEARCH_TOOLS, Call, Step, StepResult
 from toolenv.search import SearchIndex, get_tool_doc, param_signature
@@ -188,7 +188,7 @@ class ToolEnv:
     # The executor returns the canonical call key with the response: the
     # defaults and canonical JSON are computed once per call, not twice.
     out, ck = self.executor.run_keyed(name, args, self.state)
-    if "error" in out:
+    if is_error(out):
       return _dump(out), "error", set(), set()
     if self.executor.catalog is not self.catalog:
       ck = canonical_call(self.catalog[name], args)

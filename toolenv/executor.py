@@ -256,9 +256,25 @@ def _type_ok(value: Any, sch: dict[str, Any]) -> bool:
   return True
 
 
+class ErrorResponse(dict):
+  """A structured error: a plain dict (same JSON) that says it is an error.
+
+  The env and the task generator test `is_error`, not ``"error" in out``: a
+  real API's response may be a bare scalar or have a top-level ``error``
+  field of its own, and neither is a failed call.
+  """
+
+  __slots__ = ()
+
+
+def is_error(out: Any) -> bool:
+  """Whether ``out`` is an error made by `error` (not a simulated response)."""
+  return isinstance(out, ErrorResponse)
+
+
 def error(kind: str, message: str, tool: Any = None) -> dict[str, Any]:
-  """A structured error response."""
-  out = {"error": kind, "message": message}
+  """A structured error response (an `ErrorResponse`)."""
+  out = ErrorResponse(error=kind, message=message)
   if isinstance(tool, str):
     out["tool"] = tool[:80]
   return out

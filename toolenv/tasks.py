@@ -24,7 +24,8 @@ import dataclasses
 import random
 from typing import Any, Iterable, Sequence
 
-from toolenv.executor import Executor, canonical_json, digest, lookup, make_id, state_key
+from toolenv.executor import (Executor, canonical_json, digest, is_error, lookup, make_id,
+                              state_key)
 
 KINDS: tuple[str, ...] = ("single", "parallel", "chain", "fanout", "mixed")
 MULTI_TOOL_KINDS: tuple[str, ...] = ("parallel", "fanout", "mixed")
@@ -298,7 +299,7 @@ class TaskGenerator:
           else:
             concrete[k] = v
         out = self.executor.run(tool.name, concrete, state)
-        if "error" in out:
+        if is_error(out):
           raise RuntimeError(f"gold call failed: {tool.name}({concrete}): {out}")
         outs.append(out)
         level = 1 + max((nodes[int(d[1:])]["level"] for d in deps), default=-1)
