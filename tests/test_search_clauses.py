@@ -104,7 +104,9 @@ def test_two_needs_each_get_a_slot(catalog):
   idx.clause_fusion = False
   assert [n for n, _ in idx.search(q, 4)] == plain_top
   idx.clause_fusion = True
-  idx._cached.cache_clear()  # pylint: disable=protected-access
+  # Same (query, top_k) as the plain search just above, no cache_clear: the
+  # setting is part of the memo key, so this is the fused ranking.
+  assert [n for n, _ in idx.search(q, 4)][:2] == ["acme_get_merge_request", "geodb_find_cities"]
   got = idx.search(q, 10)
   # Fused: each clause's best tool is first in its own list, so both lead.
   assert [n for n, _ in got[:2]] == ["acme_get_merge_request", "geodb_find_cities"]

@@ -274,13 +274,14 @@ class SearchIndex:
         pending += c + " "
     return out or ([pending.strip()] if pending.strip() else [])
 
-  def _search_uncached(self, query: str, top_k: int) -> tuple[tuple[str, float], ...]:
+  def _search_uncached(self, query: str, top_k: int,
+                       fusion: bool) -> tuple[tuple[str, float], ...]:
     names = self.catalog.names
     scores = self._scores(query)
     if scores is None:
       return ()
     clause_scores = []
-    if self.clause_fusion:
+    if fusion:
       clause_scores = [c for c in map(self._scores, self._need_clauses(query)) if c is not None]
     if len(clause_scores) < 2:
       return tuple((names[i], round(float(scores[i]), 4)) for i in self._top(scores, top_k))
@@ -298,7 +299,8 @@ class SearchIndex:
       return []
     k = top_k if isinstance(top_k, int) and not isinstance(top_k, bool) else 5
     k = max(1, min(MAX_TOP_K, k))
-    return list(self._cached(query[:MAX_QUERY_CHARS], k))
+    # The setting is part of the memo key: switching it never serves stale hits.
+    return list(self._cached(query[:MAX_QUERY_CHARS], k, bool(self.clause_fusion)))
 
   def search_text(self, query: Any, top_k: Any = 5) -> str:
     """Search results as the agent reads them (one line per tool)."""
