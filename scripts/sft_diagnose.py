@@ -34,6 +34,8 @@ def main():
   from paraagent_jax.paraact import chat_format, policies, rollout
   with open(os.path.join(args.workdir, "config.json")) as f:
     config = ml_collections.ConfigDict(json.load(f))
+  if not config.data.get("data_dir", ""):   # stage=sft alone: WORKDIR/demos
+    config.data.data_dir = os.path.join(args.workdir, "demos")
   tok = tok_lib.load_tokenizer(rl_stage.tokenizer_path(config))
   mcfg = train.model_config(config, vocab_size=len(tok))
   mesh = shd.make_mesh({"data": 1, "fsdp": -1, "tensor": 1})

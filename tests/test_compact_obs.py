@@ -7,6 +7,7 @@ operations, the gold oracle's steps, and masks re-derived from the 0/1
 assistant mask with numpy.
 """
 
+import os
 import re
 
 import ml_collections
@@ -15,6 +16,7 @@ import pytest
 
 import toolenv
 from paraagent_jax.coldstart import orchestrator, roles
+from paraagent_jax import tokenizer as tokenizer_lib
 from paraagent_jax.data import demo_tokenizer, demonstrations
 from paraagent_jax.paraact import chat_format, policies, rollout
 from toolenv.catalog import procedural
@@ -136,3 +138,33 @@ def test_context_loss_weight(sft_config):
   bad = ml_collections.ConfigDict(dict(sft_config, context_loss_weight=1.5))
   with pytest.raises(ValueError, match="context_loss_weight"):
     demonstrations.make_sft_data(bad, split="train", batch_size=2, seq_len=256, seed=0)
+
+
+def test_copy_warmup_batches(sft_config):
+  tok = tokenizer_lib.load_tokenizer(os.path.join(sft_config.data_dir, "tokenizer"))
+  base = demonstrations.make_sft_data(sft_config, split="train", batch_size=2,
+                                      seq_len=256, seed=1)
+  cfg = ml_collections.ConfigDict(dict(sft_config, copy_warmup=3, copy_len=128))
+  data = demonstrations.make_sft_data(cfg, split="train", batch_size=2,
+                                      seq_len=256, seed=1)
+  for i in range(3):
+    bt = data.batch(i)
+    assert bt["tokens"].shape == (2, 128) and data.batch_len(i) == 128
+    np.testing.assert_array_equal(bt["tokens"], data.batch(i)["tokens"])
+    for r in range(2):
+      n = int(bt["attention_mask"][r].sum())
+      text = tok.decode(bt["tokens"][r, :n])
+      # Every pair: the assistant repeats exactly what the user turn said.
+      pairs = re.findall(r"<\|im_start\|>user\n(.*?)<\|im_end\|>\n"
+                         r"<\|im_start\|>assistant\n(.*?)<\|im_end\|>\n", text, re.S)
+      assert pairs and all(u == a for u, a in pairs)
+      assert "".join(f"<|im_start|>user\n{u}<|im_end|>\n<|im_start|>assistant\n"
+                     f"{a}<|im_end|>\n" for u, a in pairs) == text
+      learnt = [tok.decode(bt["tokens"][r, a:b]) for a, b in tdp._runs(bt["loss_mask"][r])]
+      assert learnt == [a + "<|im_end|>" for _, a in pairs]
+  # After the warm-up the demonstrations start from their own first batch.
+  for i in range(2):
+    np.testing.assert_array_equal(data.batch(3 + i)["tokens"], base.batch(i)["tokens"])
+  # Not in the validation split.
+  v = demonstrations.make_sft_data(cfg, split="validation", batch_size=2, seq_len=256, seed=0)
+  assert v.copy_warmup == 0

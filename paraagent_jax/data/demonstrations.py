@@ -47,6 +47,12 @@ hosts read disjoint rows and the position is one integer (exact resume).
     observations, whose tool names and ids repeat what came before: a cheap
     extra copying signal for a model trained from scratch. Other splits keep
     the 0/1 mask, so the validation loss stays the assistant-token loss.
+  copy_warmup: the first this many batches of the ``train`` split are
+    synthetic copy rows (`copy_batch`), the demonstrations follow from their
+    own first batch (default 0: none). A model trained from scratch must
+    copy names, ids and values from its context, which it learns late from
+    the demonstrations alone; short copy rows teach it cheaply first.
+  copy_len: padded length of a copy row (default 256).
 """
 
 from __future__ import annotations
@@ -177,10 +183,22 @@ class DemonstrationSFTData:
                seed: int = 0, split: str = "train", overlong: str = "drop",
                process_index: int = 0, process_count: int = 1,
                encoded=None, length_bucket: int | str | Sequence[int] = 0,
-               context_weight: float = 0.0):
+               context_weight: float = 0.0, copy_warmup: int = 0,
+               copy_len: int = 256):
     if not 0.0 <= context_weight <= 1.0:
       raise ValueError(f"context_loss_weight={context_weight} not in [0, 1]")
     self._context_weight = float(context_weight)
+    self.copy_warmup, self.copy_len = int(copy_warmup), int(copy_len)
+    if self.copy_warmup < 0 or self.copy_len < 32:
+      raise ValueError(f"copy_warmup={copy_warmup} must be >= 0 and "
+                       f"copy_len={copy_len} >= 32")
+    enc = tokenizer_lib.ChatEncoder(tokenizer)
+    self._copy_glue = (enc.encode(f"{tokenizer_lib.IM_START}user\n"),
+                       enc.encode(f"{tokenizer_lib.IM_END}\n") +
+                       enc.generation_prompt_ids(), enc.end_of_turn_ids(),
+                       len(enc.encode(tokenizer_lib.IM_END)))
+    self._special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    self._special |= {i for t, i in tokenizer.get_added_vocab().items()}
     if overlong not in OVERLONG_MODES:
       raise ValueError(f"overlong={overlong!r}; expected one of "
                        f"{OVERLONG_MODES}")
@@ -259,6 +277,9 @@ class DemonstrationSFTData:
 
   def batch_len(self, index: int) -> int:
     """Padded length T of batch ``index`` (the same on every host)."""
+    if index < self.copy_warmup:
+      return min(self.copy_len, self.seq_len)
+    index -= self.copy_warmup
     if not self.buckets:
       return self.seq_len
     g = self.batch_size * self._process_count
@@ -271,9 +292,49 @@ class DemonstrationSFTData:
     epoch, i = divmod(position, self.num_examples)
     return int(self._perm(epoch)[i])
 
+  def copy_batch(self, index: int) -> dict[str, np.ndarray]:
+    """Synthetic copy batch ``index``: a pure function of (seed, index, host).
+
+    A row is a series of pairs ``<|im_start|>user\\n S <|im_end|>\\n
+    <|im_start|>assistant\\n S <|im_end|>\\n``, S 4-24 tokens: half the
+    time a span of a training demonstration, half the time tokens drawn at
+    random from them (so only copying predicts it). The loss is on the
+    assistant's S and its ``<|im_end|>``.
+    """
+    b, t = self.batch_size, min(self.copy_len, self.seq_len)
+    rng = np.random.default_rng([self._seed, 7919, index, self._process_index])
+    head, mid, tail, n_end = self._copy_glue
+    tokens = np.full((b, t), self._pad, np.int32)
+    loss_mask = np.zeros((b, t), np.float32)
+    attention = np.zeros((b, t), np.int32)
+    for r in range(b):
+      ids, mask = [], []
+      while True:
+        ex = self._examples[int(rng.integers(self.num_examples))][0]
+        n = int(rng.integers(4, 25))
+        if rng.random() < 0.5:
+          start = int(rng.integers(max(1, len(ex) - n)))
+          span = [int(x) for x in ex[start:start + n]]
+        else:
+          span = [int(x) for x in ex[rng.integers(len(ex), size=n)]]
+        span = [x for x in span if x not in self._special] or [int(ex[0])]
+        pair = head + span + mid + span + tail
+        if len(ids) + len(pair) > t:
+          break
+        ids += pair
+        mask += ([0] * (len(head) + len(span) + len(mid)) + [1] * (len(span) + n_end)
+                 + [0] * (len(tail) - n_end))
+      tokens[r, :len(ids)] = ids
+      loss_mask[r, :len(ids)] = mask
+      attention[r, :len(ids)] = 1
+    return {"tokens": tokens, "loss_mask": loss_mask, "attention_mask": attention}
+
   def batch(self, index: int) -> dict[str, np.ndarray]:
     """Batch number ``index`` (this host's rows), without moving."""
+    if index < self.copy_warmup:
+      return self.copy_batch(index)
     b, t = self.batch_size, self.batch_len(index)
+    index -= self.copy_warmup
     tokens = np.full((b, t), self._pad, np.int32)
     loss_mask = np.zeros((b, t), np.float32)
     attention = np.zeros((b, t), np.int32)
@@ -370,7 +431,9 @@ def make_sft_data(data_config, *, split: str, batch_size: int, seq_len: int,
       process_index=process_index, process_count=process_count,
       encoded=encoded, length_bucket=_get(data_config, "length_bucket", 0),
       context_weight=(float(_get(data_config, "context_loss_weight", 0.0))
-                      if split == "train" else 0.0))
+                      if split == "train" else 0.0),
+      copy_warmup=int(_get(data_config, "copy_warmup", 0)) if split == "train" else 0,
+      copy_len=int(_get(data_config, "copy_len", 256)))
   print(f"demonstrations[{split}]: {data.num_examples} examples, "
         f"{data.num_dropped} dropped and {data.num_truncated} truncated "
         f"(over {seq_len} tokens), vocab {data.vocab_size}", flush=True)
