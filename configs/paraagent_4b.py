@@ -98,9 +98,9 @@ def get_config(arg=None):
   c.rl.eval_every = 20
   c.rl.eval_tasks = 500
   c.rl.grpo.levels = "traj,phase,step"
-  # No KL term: the RL stage gives the loss no reference policy (the rollout
-  # packs no ref_logprobs), so beta > 0 fails at the first RL step (found by
-  # --dry_run). The clip-higher (0.2 / 0.28) defaults bound the update.
+  # No KL term: beta > 0 would keep a frozen copy of the starting policy on
+  # every device and run its forward pass each step; the clip-higher
+  # (0.2 / 0.28) defaults bound the update.
   c.rl.grpo.beta = 0.0
   c.pipeline.stages = ("demos", "sft", "rl")
   if a.stage == "rl":

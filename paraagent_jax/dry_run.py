@@ -283,15 +283,14 @@ def run_dry(config, *, do_compile: bool | Sequence[str] = True,
   lower("sft", lambda: sft.jitted(state, opt_state, batch).lower(
       state, opt_state, batch, rng, None))
 
-  # RL: the step run_rl builds, called as it calls it (no reference state).
+  # RL: the step run_rl builds, called as it calls it (with its frozen
+  # reference state when the KL term is on).
   rl_step = grpo.make_train_step(graphdef, optimizer, grpo_config(config), mesh)
   tbatch = rl_batch(config, mesh)
-  lower("rl", lambda: rl_step.jitted(state, opt_state, tbatch).lower(
-      state, opt_state, tbatch, rng, None))
-  if "rl" in report["errors"] and config.rl.grpo.beta > 0:
-    # The KL term needs a reference policy: measure with a frozen copy.
-    lower("rl+ref", lambda: rl_step.jitted(state, opt_state, tbatch, state)
-          .lower(state, opt_state, tbatch, rng, state))
+  ref = state if config.rl.grpo.beta > 0 else None
+  lower("rl" if ref is None else "rl+ref",
+        lambda: rl_step.jitted(state, opt_state, tbatch, ref).lower(
+            state, opt_state, tbatch, rng, ref))
 
   # Sampling: the rollout's Sampler (as JaxPolicy builds it) over all
   # episodes of an iteration, worst case: the whole cache attended to.

@@ -307,6 +307,10 @@ def run_rl(config: ml_collections.ConfigDict, workdir: str) -> dict:
     raise config_utils.ConfigError(f"rl.grpo: {e}") from None
   t = train_lib.build_train_state(config, mesh, optimizer, model_cfg, workdir)
   step_fn = grpo.make_train_step(t.graphdef, optimizer, grpo_cfg, mesh)
+  # beta > 0: the k3 KL pulls towards the policy RL started from, frozen (the
+  # same parameters after a resume); beta = 0 never builds it.
+  ref_state = (train_lib.initial_model_state(config, mesh, model_cfg)
+               if grpo_cfg.beta > 0 else None)
   primary = jax.process_index() == 0
   meta = run_meta(config, grpo_cfg.levels)
   try:
@@ -363,7 +367,8 @@ def run_rl(config: ml_collections.ConfigDict, workdir: str) -> dict:
       for k in range(rl.passes):
         t.state = train_lib.maybe_inject_nan(config, t.step + 1, t.state)
         rng = jax.random.fold_in(jax.random.fold_in(t.rng, it), k)
-        t.state, t.opt_state, out = step_fn(t.state, t.opt_state, batch, rng)
+        t.state, t.opt_state, out = step_fn(t.state, t.opt_state, batch, rng,
+                                            ref_state=ref_state)
         t.step += 1
         outs.append(out)
       # Every pass is checked (a pass's metrics are a few scalars; the

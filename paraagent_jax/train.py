@@ -277,19 +277,34 @@ def build_train_state(config, mesh, optimizer, model_cfg,
                       checkpointer, model_cfg, "resumed")
 
   rng = jax.random.PRNGKey(config.seed)
-  kind = check_init_from(config.init_from)
-  if kind:
-    state = _load_init_weights(kind, config.init_from, abstract, shardings,
-                               model_cfg)
-  else:
-    init = jax.jit(
-        lambda key: nnx.state(qwen3.Qwen3(model_cfg, rngs=nnx.Rngs(key))),
-        out_shardings=shardings)
-    state = init(jax.random.fold_in(rng, 0))
+  state, kind = _initial_state(config, model_cfg, abstract, shardings)
   params, _ = ts.split_params(state)
   opt_state = jax.jit(optimizer.init, out_shardings=opt_sh)(params)
   return TrainState(graphdef, state, opt_state, 0, rng, None, checkpointer,
-                    model_cfg, kind or "scratch")
+                    model_cfg, kind)
+
+
+def _initial_state(config, model_cfg, abstract, shardings):
+  """(model state a fresh run starts from, its source): init_from or the seeded init."""
+  kind = check_init_from(config.init_from)
+  if kind:
+    return _load_init_weights(kind, config.init_from, abstract, shardings,
+                              model_cfg), kind
+  init = jax.jit(
+      lambda key: nnx.state(qwen3.Qwen3(model_cfg, rngs=nnx.Rngs(key))),
+      out_shardings=shardings)
+  return init(jax.random.fold_in(jax.random.PRNGKey(config.seed), 0)), "scratch"
+
+
+def initial_model_state(config, mesh, model_cfg):
+  """The model state a fresh run of ``config`` starts from, sharded.
+
+  The same parameters `build_train_state` starts from (``init_from``, else
+  the init seeded by ``config.seed``), whether or not the run has since
+  resumed: RL's frozen KL reference.
+  """
+  _, abstract, shardings = abstract_model(model_cfg, mesh, shd.as_rules(None))
+  return _initial_state(config, model_cfg, abstract, shardings)[0]
 
 
 def maybe_inject_nan(config, step: int, state):

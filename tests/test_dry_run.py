@@ -106,14 +106,19 @@ def test_programs_lower_and_sft_compiles(dry):
                                     + sft["temp"])
 
 
-def test_kl_without_reference_is_reported_not_raised():
+def test_kl_runs_with_the_frozen_reference_and_counts_it():
   spec = SPEC + ",rl.grpo.beta=0.01"
   config = config_utils.load_config(os.path.join(ROOT, spec))
   lines = []
   report = dry_run.run_dry(config, do_compile=False, out=lines.append)
-  assert "ref_state" in report["errors"]["rl"]
-  assert "rl+ref" in report["programs"]     # measured with a frozen copy
-  assert any("the run would fail" in line for line in lines)
+  # run_rl passes the frozen starting policy: the step lowers with it, and
+  # the RL peak holds a second copy of the parameters.
+  assert not report["errors"], report["errors"]
+  assert "rl+ref" in report["programs"] and "rl" not in report["programs"]
+  temp = report["programs"]["rl+ref"].get("temp", 0)   # 0 when not compiled
+  assert report["peaks"]["rl_step"] == (report["params"] * 2 + report["opt_state"]
+                                        + report["kv_cache"] + temp)
+  assert not any("the run would fail" in line for line in lines)
 
 
 def test_fake_devices_after_backend_start():

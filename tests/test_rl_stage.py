@@ -66,3 +66,28 @@ def test_missing_tokenizer_is_a_config_error(tmp_path):
   c = rl_config(str(tmp_path / "nope"))
   with pytest.raises(config_utils.ConfigError, match="tokenizer"):
     rl_stage.run_rl(c, str(tmp_path / "w"))
+
+
+def test_kl_reference_is_the_starting_policy_even_after_resume(tok_dir, tmp_path):
+  """beta > 0: the frozen reference is where RL started, not where it resumed."""
+  d = str(tmp_path)
+  c = rl_config(tok_dir, iterations=1, eval_every=0)
+  c.rl.grpo.beta = 0.1
+  # A random tiny policy gets equal rewards (zero advantages) and runs out of
+  # tokens: keep its groups and truncated episodes, and let the entropy bonus
+  # move its parameters in iteration 1.
+  c.rl.grpo.entropy_coef = 1.0
+  c.rl.grpo.drop_no_spread_groups = False
+  c.rl.grpo.mask_truncated = False
+  c.optimizer.learning_rate = 0.05
+  c.optimizer.warmup_steps = 0            # (warmup's first step has lr 0)
+  rl_stage.run_rl(c, d)
+  c.rl.iterations = 2
+  rl_stage.run_rl(c, d)                     # resumes at iteration 1
+  recs = metrics_lib.read_jsonl(os.path.join(d, "metrics.jsonl"))
+  kl = {r["step"]: r["train/kl"] for r in recs if "train/kl" in r}
+  # Iteration 1's single pass runs at the reference parameters themselves:
+  # k3 KL exactly 0. After one update (and a restart) the policy has moved
+  # away from it, so a reference rebuilt from the resumed state would give 0.
+  assert kl[1] == pytest.approx(0.0, abs=1e-7)
+  assert kl[2] > 1e-6, kl

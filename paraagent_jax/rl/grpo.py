@@ -193,11 +193,12 @@ def token_loss_terms(logp, inputs, config: GRPOConfig, ref_logp=None,
       "valid_count": jnp.sum(valid),
       "pg_loss": jnp.sum(loss * inputs["weights"]),
       # k3 estimate of KL(old || new): how far the update moved.
-      "kl_old_sum": jnp.sum((jnp.exp(-log_ratio) + log_ratio - 1.0) * valid),
+      # expm1(x) - x, not exp(x) - 1 - x: no cancellation for small x.
+      "kl_old_sum": jnp.sum((jnp.expm1(-log_ratio) + log_ratio) * valid),
   }
   if config.beta > 0:
     d = jnp.where(valid > 0, ref_logp - logp, 0.0)
-    kl = jnp.exp(d) - d - 1.0
+    kl = jnp.expm1(d) - d
     loss = loss + config.beta * kl
     sums["kl_sum"] = jnp.sum(kl * valid)
   if entropy is not None:
