@@ -141,17 +141,18 @@ def test_context_loss_weight(sft_config):
 
 
 def test_copy_warmup_batches(sft_config):
-  tok = tokenizer_lib.load_tokenizer(os.path.join(sft_config.data_dir, "tokenizer"))
   base = demonstrations.make_sft_data(sft_config, split="train", batch_size=2,
                                       seq_len=256, seed=1)
-  cfg = ml_collections.ConfigDict(dict(sft_config, copy_warmup=3, copy_len=128))
+  tok = tokenizer_lib.load_tokenizer(os.path.join(sft_config.data_dir, "tokenizer"))
+  cfg = ml_collections.ConfigDict(dict(sft_config, copy_warmup=3, copy_len=128,
+                                       copy_rows=3))
   data = demonstrations.make_sft_data(cfg, split="train", batch_size=2,
                                       seq_len=256, seed=1)
   for i in range(3):
     bt = data.batch(i)
-    assert bt["tokens"].shape == (2, 128) and data.batch_len(i) == 128
+    assert bt["tokens"].shape == (3, 128) and data.batch_len(i) == 128
     np.testing.assert_array_equal(bt["tokens"], data.batch(i)["tokens"])
-    for r in range(2):
+    for r in range(3):
       n = int(bt["attention_mask"][r].sum())
       text = tok.decode(bt["tokens"][r, :n])
       # Every pair: the assistant repeats exactly what the user turn said.

@@ -53,6 +53,8 @@ hosts read disjoint rows and the position is one integer (exact resume).
     copy names, ids and values from its context, which it learns late from
     the demonstrations alone; short copy rows teach it cheaply first.
   copy_len: padded length of a copy row (default 256).
+  copy_rows: rows of a copy batch on this host (default 0: ``batch_size``);
+    short copy rows are cheap, so a warm-up batch can hold more of them.
 """
 
 from __future__ import annotations
@@ -184,11 +186,12 @@ class DemonstrationSFTData:
                process_index: int = 0, process_count: int = 1,
                encoded=None, length_bucket: int | str | Sequence[int] = 0,
                context_weight: float = 0.0, copy_warmup: int = 0,
-               copy_len: int = 256):
+               copy_len: int = 256, copy_rows: int = 0):
     if not 0.0 <= context_weight <= 1.0:
       raise ValueError(f"context_loss_weight={context_weight} not in [0, 1]")
     self._context_weight = float(context_weight)
     self.copy_warmup, self.copy_len = int(copy_warmup), int(copy_len)
+    self.copy_rows = int(copy_rows) or int(batch_size)
     if self.copy_warmup < 0 or self.copy_len < 32:
       raise ValueError(f"copy_warmup={copy_warmup} must be >= 0 and "
                        f"copy_len={copy_len} >= 32")
@@ -301,7 +304,7 @@ class DemonstrationSFTData:
     random from them (so only copying predicts it). The loss is on the
     assistant's S and its ``<|im_end|>``.
     """
-    b, t = self.batch_size, min(self.copy_len, self.seq_len)
+    b, t = self.copy_rows, min(self.copy_len, self.seq_len)
     rng = np.random.default_rng([self._seed, 7919, index, self._process_index])
     head, mid, tail, n_end = self._copy_glue
     tokens = np.full((b, t), self._pad, np.int32)
@@ -433,7 +436,8 @@ def make_sft_data(data_config, *, split: str, batch_size: int, seq_len: int,
       context_weight=(float(_get(data_config, "context_loss_weight", 0.0))
                       if split == "train" else 0.0),
       copy_warmup=int(_get(data_config, "copy_warmup", 0)) if split == "train" else 0,
-      copy_len=int(_get(data_config, "copy_len", 256)))
+      copy_len=int(_get(data_config, "copy_len", 256)),
+      copy_rows=int(_get(data_config, "copy_rows", 0)) // process_count)
   print(f"demonstrations[{split}]: {data.num_examples} examples, "
         f"{data.num_dropped} dropped and {data.num_truncated} truncated "
         f"(over {seq_len} tokens), vocab {data.vocab_size}", flush=True)
