@@ -153,6 +153,19 @@ def _append_fn(graphdef, params, cache, next_logits, input_ids, num_new, *,
   return cache, next_logits
 
 
+def _argmax(x):
+  """`jnp.argmax` over the last axis (first index of the maximum; NaN wins).
+
+  As a max and a min over a masked iota: XLA CPU lowers argmax to a variadic
+  (value, index) reduce that does not vectorise, 0.6 ms for [32, 4096] against
+  0.07 ms for this (measured), i.e. ~7% of a batch-32 decode step.
+  """
+  m = jnp.max(x, axis=-1, keepdims=True)
+  hit = (x == m) | jnp.isnan(x)
+  iota = jnp.arange(x.shape[-1], dtype=jnp.int32)
+  return jnp.min(jnp.where(hit, iota, x.shape[-1] - 1), axis=-1)
+
+
 def _sample(logits, key, temperature, top_p, *, greedy: bool, top_k: int,
             use_top_p: bool):
   """Samples one token per row; returns (token, log-prob under the sampled dist).
@@ -162,7 +175,7 @@ def _sample(logits, key, temperature, top_p, *, greedy: bool, top_k: int,
   `top_p` (the token that crosses the threshold is kept).
   """
   if greedy:
-    tok = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    tok = _argmax(logits)
     return tok, jnp.zeros(tok.shape, jnp.float32)
   x = logits / temperature
   if top_k > 0 or use_top_p:
