@@ -288,3 +288,15 @@ def test_bare_scalar_and_error_field_responses_are_not_errors():
   assert ex.is_error(e) and not ex.is_error({"error": "x", "message": "y"})
   assert json.loads(json.dumps(e)) == {"error": "not_found", "message": "no such id",
                                        "tool": "acme_get_status"}
+
+
+def test_list_items_of_a_schema_response_differ():
+  """Each item of a simulated array has its own draws: ids are not repeated."""
+  sch = {"type": "object", "properties": {"items": {"type": "array", "items": {
+      "type": "object", "properties": {"id": {"type": "string"},
+                                       "name": {"type": "string"}}}}}}
+  out = ex.gen_from_schema(sch, ex._Draw(0, "tool{}"))  # pylint: disable=protected-access
+  ids = [item["id"] for item in out["items"]]
+  assert len(ids) == 3 and len(set(ids)) == 3, ids
+  assert out == ex.gen_from_schema(sch, ex._Draw(0, "tool{}"))  # pylint: disable=protected-access
+  assert out != ex.gen_from_schema(sch, ex._Draw(0, "tool{\"a\":1}"))  # pylint: disable=protected-access

@@ -233,8 +233,12 @@ def gen_from_schema(sch: Any, d: _Draw, field: str = "", depth: int = 0) -> Any:
             for k, v in sorted(sch.get("properties", {}).items())}
   if t == "array":
     n = min(int(sch.get("maxItems", 3) or 3), 3)
-    return [gen_from_schema(sch.get("items", {}), d, field, depth + 1)
-            for _ in range(n)]
+    # Each item draws from its own key: items differ, ids included (an id
+    # is a function of its draw's key, see `_gen_scalar`), so a fanout over
+    # a list's ids gets k different records, not one id k times.
+    return [gen_from_schema(sch.get("items", {}), _Draw(*d._key, "[]", i), field,  # pylint: disable=protected-access
+                            depth + 1)
+            for i in range(n)]
   return _gen_scalar(sch, d, field)
 
 
