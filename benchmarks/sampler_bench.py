@@ -10,11 +10,16 @@ sides' calls alternating so that outside load on the shared machine hits both
 alike. The table also gives the ratio of median process CPU seconds per call,
 which outside load disturbs much less than wall time.
 
-Both sides get the same number of threads, `--threads` (default 1): torch's
-intra-op threads, and XLA's Eigen pool (`XLA_FLAGS` set before JAX starts). One
-thread is the default because the machine is shared: with 2 threads on 2 busy
-cores, torch's OpenMP workers wait on each other and its generate gets 10-20x
-slower (measured), which would flatter us. Both sides compute in fp32.
+Both sides get the same cores, `--threads` (default 1): the process is pinned
+to that many CPUs (`os.sched_setaffinity`, before JAX and torch start, so XLA
+sizes its worker pool to them), torch gets as many intra-op threads, and with
+one thread XLA's Eigen matmuls are single-threaded (`XLA_FLAGS`). Without the
+pinning XLA ran its thunks on 2 worker threads while torch had 1 (measured:
+CPU seconds above wall seconds on our side), which flattered our wall-clock
+ratio. One thread is the default because the machine is shared: with 2
+threads on 2 busy cores, torch's OpenMP workers wait on each other and its
+generate gets 10-20x slower (measured), which would flatter us too. Both sides
+compute in fp32. The load average is printed before and after the run.
 
   .venv/bin/python benchmarks/sampler_bench.py
   .venv/bin/python benchmarks/sampler_bench.py --batches=8,32 --repeats=5
@@ -44,11 +49,12 @@ def _threads_from_argv(argv) -> int:
 
 
 _THREADS = _threads_from_argv(sys.argv[1:])
-if _THREADS == 1 and "intra_op_parallelism_threads" not in os.environ.get(
-    "XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " "
-                             "--xla_cpu_multi_thread_eigen=false "
-                             "intra_op_parallelism_threads=1").strip()
+# Pinning before JAX starts: XLA sizes its CPU worker pool to the affinity set.
+_CPUS = sorted(os.sched_getaffinity(0))[:max(1, _THREADS)]
+os.sched_setaffinity(0, _CPUS)
+if _THREADS == 1 and "multi_thread_eigen" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                             " --xla_cpu_multi_thread_eigen=false").strip()
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import jax
@@ -152,11 +158,13 @@ def main(argv=None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
       hf.save_pretrained(tmp)
       model = hf_io.load_hf(tmp)
+  load_before = os.getloadavg()
   print(f"jax {jax.__version__} ({jax.default_backend()}, "
         f"{jax.device_count()} devices), torch {torch.__version__} "
         f"({torch.get_num_threads()} threads), transformers "
         f"{transformers.__version__}; prompt {args.prompt_len}, "
         f"{args.new_tokens} new tokens, greedy, median of {args.repeats}; "
+        f"pinned to CPUs {_CPUS}; "
         f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
 
   rows = []
@@ -172,16 +180,23 @@ def main(argv=None) -> None:
     n = batch * args.new_tokens
     agree = float((hf_tok == our_tok).mean())
     rows.append((batch, n / hf_s, n / ours_s, hf_s / ours_s, hf_min / our_min,
-                 hf_cpu / our_cpu, compile_s, first_s, agree))
+                 hf_cpu, our_cpu, compile_s, first_s, agree))
 
   header = ("batch", "transformers tok/s", "ours tok/s", "ratio (median)",
-            "ratio (best)", "ratio (CPU s)", "our compile s", "our 1st call s",
-            "same tokens")
+            "ratio (best)", "CPU s/call (transformers / ours)", "ratio (CPU s)",
+            "our compile s", "our 1st call s", "same tokens")
   print("| " + " | ".join(header) + " |")
   print("|" + "|".join("---" for _ in header) + "|")
-  for batch, hf_tps, tps, ratio, best, cpu, comp, first, agree in rows:
+  for (batch, hf_tps, tps, ratio, best, hf_cpu, our_cpu, comp, first,
+       agree) in rows:
     print(f"| {batch} | {hf_tps:,.0f} | {tps:,.0f} | {ratio:.2f}x | {best:.2f}x | "
-          f"{cpu:.2f}x | {comp:.2f} | {first:.2f} | {agree:.1%} |")
+          f"{hf_cpu:.2f} / {our_cpu:.2f} | {hf_cpu / our_cpu:.2f}x | {comp:.2f} | "
+          f"{first:.2f} | {agree:.1%} |")
+  load_after = os.getloadavg()
+  print("load average (1, 5, 15 min) before: " +
+        ", ".join(f"{x:.2f}" for x in load_before) + "; after: " +
+        ", ".join(f"{x:.2f}" for x in load_after) +
+        f"; {os.cpu_count()} CPUs on the machine")
 
 
 if __name__ == "__main__":
