@@ -12,34 +12,17 @@
   gives plain BM25 on a multi-clause query.
 """
 
-import math
-
 import numpy as np
 import pytest
 
 import toolenv
 from toolenv import search
 from toolenv.search import SearchIndex, split_clauses, tokenize
+from tests.test_toolenv_search import _bm25_reference, _tool  # pylint: disable=g-bad-import-order
 
 
-def _tool(name, provider, desc):
-  return toolenv.Tool(name=name, category="dev", provider=provider, description=desc)
-
-
-def _bm25(docs, weights, k1=1.2, b=0.3):
-  """Lucene BM25 by hand, one count per word per document."""
-  n = len(docs)
-  avgdl = sum(len(d) for d in docs) / n
-  out = np.zeros(n)
-  for t, w in weights.items():
-    df = sum(t in d for d in docs)
-    if df == 0:
-      continue
-    idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
-    for i, d in enumerate(docs):
-      if t in d:
-        out[i] += w * idf / (1 + k1 * (1 - b + b * len(d) / avgdl))
-  return out
+# The one hand-written Lucene BM25 of the search tests, and their tool maker.
+_bm25 = _bm25_reference
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,7 @@ Errors are structured observations, never exceptions:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -368,10 +369,8 @@ def _schema_memo(catalog) -> dict[str, dict]:
     return cached[1]
   memo = {"specs": {}, "record_schemas": {}, "record_plans": {}}
   if size is not None:
-    try:
+    with contextlib.suppress(AttributeError):   # e.g. a catalog with __slots__
       catalog._executor_memo = (size, memo)  # pylint: disable=protected-access
-    except AttributeError:
-      pass
   return memo
 
 
