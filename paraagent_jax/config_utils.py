@@ -253,6 +253,9 @@ def train_defaults() -> ml_collections.ConfigDict:
   c.model.dtype = "float32"
   c.model.scan_layers = False
   c.model.remat = "none"
+  # > 0: causal query blocks in the training forward (exact, skips the upper
+  # triangle; ~1.7x faster SFT steps at T 1024 on the CPU). 0 = dense.
+  c.model.attention_block = 0
 
   # Mesh axis sizes (paraagent_jax.sharding.make_mesh); -1 = all the rest.
   c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))

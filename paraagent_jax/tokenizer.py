@@ -32,6 +32,9 @@ SPECIAL_TOKENS = (END_OF_TEXT, IM_START, IM_END)
 ADDED_TOKENS = (TOOL_RESPONSE_OPEN, TOOL_RESPONSE_CLOSE) + tuple(
     protocol.PROTOCOL_TOKENS)
 ROLES = ("system", "user", "assistant", "tool")
+# The demo BPE's pre-tokenizer: one piece per character that is not a letter
+# or a digit (see `train_bpe_tokenizer`).
+COPYABLE_SPLIT = r"[^\p{L}\p{N}]+"
 
 CHAT_TEMPLATE = (
     "{%- for message in messages %}"
@@ -160,11 +163,19 @@ def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int = 4096,
     A `transformers.PreTrainedTokenizerFast`.
   """
   # pylint: disable=g-import-not-at-top
-  from tokenizers import (AddedToken, Tokenizer, decoders, models,
+  from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models,
                           pre_tokenizers, processors, trainers)
   from transformers import PreTrainedTokenizerFast
   tok = Tokenizer(models.BPE())
-  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  # Copyable pieces: every character that is not a letter or a digit is a
+  # piece of its own, so BPE merges only inside runs of letters and digits
+  # and a name gets the same ids wherever it stands (`` Triraon``,
+  # ``"Triraon``, ``_triraon`` all contain the ids of ``Triraon``). With the
+  # GPT-2 regex a leading space or quote joined the word and the policy's
+  # copies (instruction -> query, observation -> call) moved between ids.
+  tok.pre_tokenizer = pre_tokenizers.Sequence([
+      pre_tokenizers.Split(Regex(COPYABLE_SPLIT), behavior="isolated"),
+      pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
   tok.decoder = decoders.ByteLevel()
   # trim_offsets=False keeps offsets exact for token-kind labelling.
   tok.post_processor = processors.ByteLevel(trim_offsets=False)

@@ -169,3 +169,35 @@ def test_copy_warmup_batches(sft_config):
   # Not in the validation split.
   v = demonstrations.make_sft_data(cfg, split="validation", batch_size=2, seq_len=256, seed=0)
   assert v.copy_warmup == 0
+
+
+def test_copy_warmup_repeat_rows(sft_config):
+  """``copy_mode="repeat"``: S sep S of distinct non-special tokens, loss on S2."""
+  tok = tokenizer_lib.load_tokenizer(os.path.join(sft_config.data_dir, "tokenizer"))
+  special = set(tok.all_special_ids) | set(tok.get_added_vocab().values())
+  sep = tokenizer_lib.ChatEncoder(tok).encode(f"{tokenizer_lib.IM_END}\n") + \
+      tokenizer_lib.ChatEncoder(tok).generation_prompt_ids()
+  cfg = ml_collections.ConfigDict(dict(sft_config, copy_warmup=2, copy_len=65,
+                                       copy_rows=4, copy_mode="repeat"))
+  data = demonstrations.make_sft_data(cfg, split="train", batch_size=2,
+                                      seq_len=256, seed=1)
+  n = (65 - len(sep)) // 2
+  for i in range(2):
+    bt = data.batch(i)
+    assert bt["tokens"].shape == (4, 65)
+    np.testing.assert_array_equal(bt["tokens"], data.batch(i)["tokens"])
+    for r in range(4):
+      row = [int(x) for x in bt["tokens"][r, :int(bt["attention_mask"][r].sum())]]
+      assert len(row) == 2 * n + len(sep)
+      s1, mid, s2 = row[:n], row[n:n + len(sep)], row[n + len(sep):]
+      assert s1 == s2 and mid == sep
+      assert len(set(s1)) == n and not set(s1) & special
+      # Loss on the second copy but its first token (nothing predicts that).
+      want = np.zeros(65, np.float32)
+      want[n + len(sep) + 1:len(row)] = 1
+      np.testing.assert_array_equal(bt["loss_mask"][r], want)
+    assert not np.array_equal(bt["tokens"][0], bt["tokens"][1])
+  with pytest.raises(ValueError, match="copy_mode"):
+    demonstrations.make_sft_data(
+        ml_collections.ConfigDict(dict(cfg, copy_mode="echo")), split="train",
+        batch_size=2, seq_len=256, seed=1)

@@ -116,6 +116,37 @@ def test_scan_layers_and_remat_match_loop(tiny):
   np.testing.assert_allclose(logits, tiny(ids), atol=2e-5)
 
 
+@pytest.mark.parametrize("block", [8, 5])
+def test_attention_blocks_match_dense(tiny, block):
+  """Causal query blocks (`attention_block`) = the dense forward and its grads."""
+  cfg = qwen3.Qwen3Config.preset("tiny", attention_block=block)
+  blocked = qwen3.Qwen3(cfg, rngs=nnx.Rngs(0))   # the same init as `tiny`
+  for a, b in zip(jax.tree.leaves(nnx.state(blocked)), jax.tree.leaves(nnx.state(tiny))):
+    np.testing.assert_array_equal(a, b)
+  t = 37
+  ids = jax.random.randint(jax.random.key(5), (3, t), 0, 512)
+  mask = np.ones((3, t), np.int32)
+  mask[1, :4] = 0          # left padding: those queries see no key at all
+  mask[2, 20:] = 0         # right padding
+  mask = jnp.asarray(mask)
+  real = np.asarray(mask, bool)
+  np.testing.assert_allclose(np.asarray(blocked(ids, attention_mask=mask))[real],
+                             np.asarray(tiny(ids, attention_mask=mask))[real],
+                             atol=2e-5, rtol=1e-5)
+
+  # Targets predicted from a real position (a padding query's output differs).
+  w = mask * jnp.pad(mask[:, :-1], ((0, 0), (1, 0)))
+
+  def loss(model):
+    return jnp.sum(qwen3.token_logprobs(model, ids, mask) * w)
+
+  for a, b in zip(jax.tree.leaves(nnx.grad(loss)(blocked)),
+                  jax.tree.leaves(nnx.grad(loss)(tiny))):
+    np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4)
+  with pytest.raises(ValueError, match="attention_block"):
+    qwen3.Qwen3Config.preset("tiny", attention_block=-1)
+
+
 def test_token_logprobs_match_numpy_log_softmax(tiny):
   ids = jax.random.randint(jax.random.key(4), (2, 6), 0, 512)
   logits = np.asarray(tiny(ids), np.float64)

@@ -21,18 +21,21 @@ from paraagent_jax import tokenizer as tokenizer_lib
 from paraagent_jax.paraact import protocol
 
 
-def demonstration_texts(data_dir: str) -> Iterator[str]:
-  """Texts from ``demonstrations_*.jsonl`` and ``tasks_*.jsonl`` of a dir.
+def demonstration_texts(data_dir: str, split: str = "train") -> Iterator[str]:
+  """Texts from ``demonstrations_<split>.jsonl`` and ``tasks_<split>.jsonl``.
 
   Each demonstration becomes its whole rendered conversation (chat markers
   included, so merges across turn boundaries are learnt as they occur);
-  each task contributes its instruction.
+  each task contributes its instruction. Only the train split by default:
+  a merge learnt from a test-split provider name would give that unseen
+  name a token whose embedding no training row ever updates.
   """
-  paths = sorted(glob.glob(os.path.join(data_dir, "demonstrations_*.jsonl")))
-  tasks = sorted(glob.glob(os.path.join(data_dir, "tasks_*.jsonl")))
+  pattern = "*" if split == "all" else split
+  paths = sorted(glob.glob(os.path.join(data_dir, f"demonstrations_{pattern}.jsonl")))
+  tasks = sorted(glob.glob(os.path.join(data_dir, f"tasks_{pattern}.jsonl")))
   if not paths and not tasks:
-    raise FileNotFoundError(f"no demonstrations_*.jsonl or tasks_*.jsonl in "
-                            f"{data_dir}")
+    raise FileNotFoundError(f"no demonstrations_{pattern}.jsonl or "
+                            f"tasks_{pattern}.jsonl in {data_dir}")
   for path in paths + tasks:
     with open(path, encoding="utf-8") as f:
       for line in f:
