@@ -48,10 +48,17 @@ from typing import Any, Sequence
 
 import ml_collections
 
+from paraagent_jax.evaluation import paired as paired_lib
+
 KINDS = "single,parallel,chain,fanout,mixed"
 # fold_in tag separating the rollout seeds from the train-step keys.
 ROLLOUT_STREAM = 0x5EED
 RUN_META_FILE = "rl_run.json"
+# Per-task greedy results on the held-out tasks before and after RL, and
+# their paired comparison (`evaluation.paired`).
+EVAL_BEFORE_FILE = "eval_before.jsonl"
+EVAL_AFTER_FILE = "eval_after.jsonl"
+PAIRED_FILE = "rl_paired.json"
 
 
 def rl_defaults() -> ml_collections.ConfigDict:
@@ -185,11 +192,14 @@ def rollout_config(rl):
 
 
 def greedy_eval(policy, fmt, catalog, tasks, rcfg, strategy: str = "paraact",
-                seed: int = 0, obs_format: str = "full") -> dict[str, float]:
+                seed: int = 0, obs_format: str = "full",
+                per_task: list | None = None) -> dict[str, float]:
   """Greedy success per task kind (and overall), turns, calls per execute step.
 
   ``obs_format``: ToolEnv's observation format (``config.data.obs_format``,
-  the one the demonstrations were built with).
+  the one the demonstrations were built with). ``per_task``: if a list, one
+  record per task is appended (``task_id``, ``kind``, ``success``,
+  ``turns``), for paired comparisons (`evaluation.paired`).
   """
   import toolenv  # pylint: disable=g-import-not-at-top
   from paraagent_jax.paraact import rollout  # pylint: disable=g-import-not-at-top
@@ -201,7 +211,18 @@ def greedy_eval(policy, fmt, catalog, tasks, rcfg, strategy: str = "paraact",
     res = rollout.run_rollout(policy, env, tasks, fmt, rcfg, seed=seed)
   finally:
     policy.temperature = temp
+  if per_task is not None:
+    per_task.extend({"task_id": t.id, "kind": t.kind, "success": bool(e["success"]),
+                     "turns": int(e["turns"])} for t, e in zip(tasks, res.episodes))
   return summarize(tasks, res.episodes)
+
+
+def write_per_task(path: str, records: Sequence[dict]) -> None:
+  """Per-task evaluation records as JSON lines, atomically."""
+  tmp = f"{path}.tmp{os.getpid()}"
+  with open(tmp, "w") as f:
+    f.writelines(json.dumps(r) + "\n" for r in records)
+  os.replace(tmp, path)
 
 
 def summarize(tasks, episodes) -> dict[str, float]:
@@ -345,8 +366,11 @@ def run_rl(config: ml_collections.ConfigDict, workdir: str) -> dict:
   result = last_eval(history)
   try:
     if start_it == 0 and rl.eval_every:
+      per_task: list[dict] = []
       before = greedy_eval(policy, fmt, catalog, eval_tasks, rcfg, rl.strategy,
-                           obs_format=obs_format)
+                           obs_format=obs_format, per_task=per_task)
+      if primary:
+        write_per_task(os.path.join(workdir, EVAL_BEFORE_FILE), per_task)
       log(0, before, "eval")
       print(f"rl: held-out greedy success before RL {before['success']:.3f}", flush=True)
     for it in range(start_it + 1, rl.iterations + 1):
@@ -396,8 +420,12 @@ def run_rl(config: ml_collections.ConfigDict, workdir: str) -> dict:
             f"({m['time/iteration_s']:.1f}s)", flush=True)
       final = it == rl.iterations
       if (rl.eval_every and it % rl.eval_every == 0) or final:
+        per_task = []
         result = greedy_eval(policy_with(policy, nnx.merge(t.graphdef, t.state)), fmt,
-                             catalog, eval_tasks, rcfg, rl.strategy, obs_format=obs_format)
+                             catalog, eval_tasks, rcfg, rl.strategy, obs_format=obs_format,
+                             per_task=per_task)
+        if primary and final:
+          write_per_task(os.path.join(workdir, EVAL_AFTER_FILE), per_task)
         log(it, result, "eval")
         print(f"rl: held-out greedy success {result['success']:.3f} "
               f"(multi-tool {result.get('success_multi_tool', 0.0):.3f})", flush=True)
@@ -416,7 +444,73 @@ def run_rl(config: ml_collections.ConfigDict, workdir: str) -> dict:
   if curve:
     print(f"rl: learning curve {curve}", flush=True)
   write_json_atomic(os.path.join(workdir, "rl_eval.json"), result)
+  paired = paired_before_after(workdir)
+  if paired:
+    print("rl: " + paired_lib.format_paired(paired, ("before", "after")), flush=True)
+  report = write_report(workdir, history, result, paired, meta)
+  print(f"rl: report {report}", flush=True)
   return result
+
+
+# rl_curve.jsonl field <- metrics key.
+CURVE_KEYS = {"success": "train/rollout/success", "traj_reward": "train/rollout/traj_reward",
+              "phase_reward": "train/rollout/phase_reward",
+              "step_reward": "train/rollout/step_reward",
+              "dropped_episode_frac": "train/dropped_episode_frac",
+              "eval_success": "eval/success"}
+
+
+def write_report(workdir: str, history: Sequence[dict], after: dict,
+                 paired: dict | None, meta: dict) -> str:
+  """``rl_report.md`` (before/after per kind, the paired comparison) and
+  ``rl_curve.jsonl`` (success and each level's mean reward per iteration)."""
+  by_it: dict[int, dict] = {}
+  for r in history:   # a train and an eval record may share an iteration
+    vals = {name: r[key] for name, key in CURVE_KEYS.items() if key in r}
+    if vals:
+      by_it.setdefault(int(r["step"]), {"iteration": int(r["step"])}).update(vals)
+  curve = [by_it[i] for i in sorted(by_it)]
+  curve_path = os.path.join(workdir, "rl_curve.jsonl")
+  with open(curve_path + ".tmp", "w") as f:
+    f.writelines(json.dumps(c) + "\n" for c in curve)
+  os.replace(curve_path + ".tmp", curve_path)
+  before = {}
+  for r in history:
+    if int(r["step"]) == 0 and "eval/success" in r:
+      before = {k[len("eval/"):]: v for k, v in r.items() if k.startswith("eval/")}
+  keys = sorted(k for k in after if k.startswith("success_"))
+  lines = [f"# RL report ({', '.join(meta.get('levels', []))} advantages)", "",
+           f"Started from `{meta.get('init_from') or 'scratch'}`; greedy ParaAct on the "
+           "same held-out test tasks before and after RL.", "",
+           "| metric | before RL | after RL |", "|---|---|---|"]
+  for k in ["success"] + keys + ["turns", "calls_per_execute_step"]:
+    b = before.get(k)
+    lines.append(f"| {k} | {'-' if b is None else f'{b:.3f}'} | {after.get(k, float('nan')):.3f} |")
+  if paired:
+    lines += ["", "Paired: " + paired_lib.format_paired(paired, ("before", "after")) + "."]
+  lines += ["", "Learning curve: `rl_curve.png`, `rl_curve.jsonl` (per iteration: rollout "
+            "success, mean trajectory / phase / step reward, held-out success where "
+            "evaluated); every metric: `metrics.jsonl`.", ""]
+  path = os.path.join(workdir, "rl_report.md")
+  with open(path + ".tmp", "w") as f:
+    f.write("\n".join(lines))
+  os.replace(path + ".tmp", path)
+  return path
+
+
+def paired_before_after(workdir: str) -> dict | None:
+  """The paired comparison of the evaluations before and after RL.
+
+  Written to ``rl_paired.json``; None when either per-task file is absent
+  (``rl.eval_every=0`` skips the evaluation before RL).
+  """
+  files = [os.path.join(workdir, f) for f in (EVAL_BEFORE_FILE, EVAL_AFTER_FILE)]
+  if not all(os.path.exists(f) for f in files):
+    return None
+  paired = paired_lib.paired_comparison(*(paired_lib.read_per_task(f) for f in files),
+                                        names=("before", "after"))
+  write_json_atomic(os.path.join(workdir, PAIRED_FILE), paired)
+  return paired
 
 
 def last_eval(history: Sequence[dict]) -> dict[str, float]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 from typing import Iterable, Sequence
 
+from paraagent_jax import checksums
 from paraagent_jax.paraact import protocol
 
 IM_START = "<|im_start|>"
@@ -139,9 +140,14 @@ def load_tokenizer(path: str):
 
   Returns:
     A `transformers.PreTrainedTokenizerFast`.
+
+  Raises:
+    FileNotFoundError: no such directory.
+    ValueError: a file differs from the directory's SHA256SUMS.
   """
   if not os.path.isdir(path):
     raise FileNotFoundError(f"tokenizer directory not found: {path}")
+  checksums.verify_checksums(path)   # a shipped directory lists its files
   from transformers import AutoTokenizer  # pylint: disable=g-import-not-at-top
   tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
   if not getattr(tok, "chat_template", None):

@@ -118,3 +118,12 @@ def test_multi_tool_kinds_per_benchmark_and_one_table_each(tmp_path):
   assert "single %" not in bfcl_head
   paths = rep.write_report(recs, str(tmp_path))
   assert os.path.getsize(paths["plot_success"]) > 1000
+
+
+def test_per_kind_turns_and_calls_per_execute_step_table():
+  recs = [dict(r, calls_per_execute_step=2.0 if r["strategy"] == "paraact" else 1.0)
+          for r in _records()]
+  md = rep.markdown_table(rep.build_report(recs))
+  table = md.split("Per kind: mean turns / calls per execute step")[1]
+  assert "| toolenv | oracle | paraact | 3.00 / 2.00 | 3.00 / 2.00 |" in table
+  assert "| toolenv | oracle | react | 5.00 / 1.00 | 5.00 / 1.00 |" in table

@@ -1,5 +1,6 @@
 """The RL stage end to end on a tiny random model (in-process, 8 CPU devices)."""
 
+import json
 import os
 
 import pytest
@@ -8,6 +9,7 @@ import toolenv
 from paraagent_jax import config_utils
 from paraagent_jax import metrics as metrics_lib
 from paraagent_jax import rl_stage
+from paraagent_jax.evaluation import paired
 from paraagent_jax import tokenizer as tok_lib
 from paraagent_jax.paraact import protocol
 
@@ -59,6 +61,20 @@ def test_rl_runs_logs_levels_and_checkpoints(tok_dir, tmp_path):
     assert "train/loss" in r and "train/grad_norm" in r
   assert os.path.exists(os.path.join(d, "rl_curve.png"))
   assert os.listdir(os.path.join(d, "checkpoints")) == ["1"]
+  # Per-task evaluations before/after on the same tasks, paired; the curve.
+  before, after = (paired.read_per_task(os.path.join(d, f)) for f in
+                   (rl_stage.EVAL_BEFORE_FILE, rl_stage.EVAL_AFTER_FILE))
+  assert sorted(before) == sorted(after) and len(before) == 2
+  with open(os.path.join(d, rl_stage.PAIRED_FILE)) as f:
+    pr = json.load(f)
+  assert pr["tasks"] == 2 and pr["success_after"] == out["success"]
+  assert pr["success_before"] == recs[0]["eval/success"] and recs[0]["step"] == 0
+  curve = metrics_lib.read_jsonl(os.path.join(d, "rl_curve.jsonl"))
+  assert [c["iteration"] for c in curve] == [0, 1]
+  assert curve[1]["success"] == train[0]["train/rollout/success"]
+  assert curve[1]["eval_success"] == out["success"] and "step_reward" in curve[1]
+  report = open(os.path.join(d, "rl_report.md")).read()
+  assert "| success |" in report and "paired tasks" in report
   # Kill/resume and the NaN stop: tests/test_stage_robustness.py.
 
 

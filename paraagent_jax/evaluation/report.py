@@ -236,13 +236,31 @@ def _kind_table(runs) -> list[str]:
   return lines
 
 
+def _kind_behaviour_table(runs) -> list[str]:
+  """Mean turns and calls per execute step per kind, one row per run (a
+  trained policy next to the oracle when both are in the report)."""
+  kinds = _kinds(runs)
+  lines = ["| benchmark | policy | strategy | " + " | ".join(kinds) + " |",
+           "|" + "---|" * (3 + len(kinds))]
+  for run in runs:
+    cells = []
+    for k in kinds:
+      v = run["per_kind"].get(k)
+      cells.append(f"{_fmt(v.get('turns'))} / {_fmt(v.get('calls_per_execute_step'))}"
+                   if v else "-")
+    lines.append(f"| {run['benchmark']} | {run['policy']} | {run['strategy']} | "
+                 + " | ".join(cells) + " |")
+  return lines
+
+
 def markdown_table(report: dict[str, Any]) -> str:
   """Renders the report as markdown.
 
   Per benchmark, a main table (one row per run: success with its 95% CI, the
   per-kind average with its CI, success per kind, multi-tool kinds pooled,
   the behaviour means and the three reward levels); then a per-kind table
-  for all runs (n and success with Wilson CI); then the comparability notes
+  for all runs (n and success with Wilson CI), one of mean turns and calls
+  per execute step per kind; then the comparability notes
   of the benchmarks present.
   """
   runs = report["runs"]
@@ -257,6 +275,11 @@ def markdown_table(report: dict[str, Any]) -> str:
     if i:
       lines.append("")
     lines += _kind_table(group)
+  lines += ["", "Per kind: mean turns / calls per execute step", ""]
+  for i, (_, group) in enumerate(by_bench.items()):
+    if i:
+      lines.append("")
+    lines += _kind_behaviour_table(group)
   notes = report.get("notes") or notes_for(r["benchmark"] for r in runs)
   if notes:
     lines += ["", "Notes:", ""] + [f"* {v}" for v in notes.values()]

@@ -29,6 +29,7 @@ from safetensors import safe_open
 from safetensors import SafetensorError
 import safetensors.numpy as st_numpy
 
+from paraagent_jax import checksums
 from paraagent_jax import sharding as shd
 from paraagent_jax.models import qwen3
 
@@ -219,10 +220,12 @@ def load_hf(path: str, mesh=None, dtype=jnp.float32, rules=None,
   Raises:
     FileNotFoundError: missing directory, config.json or weight files.
     OSError: a corrupt safetensors file.
-    ValueError: unsupported architecture or a tensor of the wrong shape.
+    ValueError: unsupported architecture, a tensor of the wrong shape, or a
+      file that does not match the directory's SHA256SUMS.
     KeyError: a tensor the config requires is missing.
   """
   hf_cfg = _read_config(path)
+  checksums.verify_checksums(path)
   cfg = qwen3.Qwen3Config.from_hf_dict(
       hf_cfg, **{"param_dtype": jnp.dtype(dtype).name, **config_overrides})
   abstract = nnx.eval_shape(lambda: qwen3.Qwen3(cfg, rngs=nnx.Rngs(0)))
