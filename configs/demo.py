@@ -94,6 +94,15 @@ def get_config(arg=None):
   c.data.copy_rows = 32
   c.data.copy_len = 128
   c.data.copy_mode = "repeat"
+  # Then opening turns: 200 batches of 32 demonstrations cut after their
+  # first assistant turn (the provider name copied from the instruction into
+  # the search queries), 4x denser in those decisions than whole rows. After
+  # 400 steps on whole rows alone the model copied 2% of instruction words
+  # (it wrote a train-split provider's name instead; docs/cpu_demo.md).
+  c.data.turn_warmup = 200
+  c.data.turn_rows = 32
+  c.data.turn_len = 384
+  c.data.turn_count = 1
   c.batch_size = 8
   c.seq_len = 1536
 
@@ -141,6 +150,8 @@ def get_config(arg=None):
     c.data.copy_warmup = 2
     c.data.copy_rows = 4
     c.data.copy_len = 64
+    c.data.turn_warmup = 2
+    c.data.turn_rows = 4
     c.batch_size = 4
     c.seq_len = 2048
     c.total_steps = 20

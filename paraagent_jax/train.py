@@ -472,7 +472,55 @@ def run_pipeline(config, workdir: str) -> dict:
     results[stage] = STAGES[stage](stage_cfg, sub) or {}
     with open(done, "w") as f:
       json.dump({"stage": stage, "result": results[stage]}, f, default=str)
+  print(pipeline_summary(config, workdir), flush=True)
   return results
+
+
+def _read_json(path: str) -> dict | None:
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
+def pipeline_summary(config, workdir: str) -> str:
+  """The closing lines of a pipeline: what each stage reached, where it wrote.
+
+  Read from the stages' files, so a rerun that skips finished stages prints
+  the same summary.
+  """
+  lines = ["", f"pipeline: done in {workdir}"]
+  for stage in config.pipeline.stages:
+    sub = os.path.join(workdir, stage)
+    if stage == "demos":
+      st = _read_json(os.path.join(sub, "stats.json")) or {}
+      kept = {s: (st.get(s) or {}).get("kept") for s in ("train", "test")}
+      lines.append(f"  demos  {kept['train']} train + {kept['test']} test "
+                   f"demonstrations and their tasks in {sub}")
+    elif stage == "sft":
+      ev = _read_json(os.path.join(sub, sft_stage.EVAL_FILE))
+      got = (f"held-out greedy success {ev['success']:.1%} (multi-tool "
+             f"{ev.get('success_multi_tool', 0.0):.1%})" if ev else "trained")
+      lines.append(f"  sft    {got}; checkpoints in {sub}/checkpoints")
+    elif stage == "rl":
+      paired = _read_json(os.path.join(sub, rl_stage.PAIRED_FILE))
+      if paired:
+        lines.append(f"  rl     held-out greedy success {paired['success_before']:.1%} "
+                     f"before RL -> {paired['success_after']:.1%} after "
+                     f"({paired['only_after']} tasks solved only after, "
+                     f"{paired['only_before']} only before; McNemar p = "
+                     f"{paired['mcnemar_p']:.3g})")
+      else:
+        ev = _read_json(os.path.join(sub, "rl_eval.json")) or {}
+        lines.append(f"  rl     held-out greedy success after RL "
+                     f"{ev.get('success', float('nan')):.1%}")
+      lines.append(f"         report {sub}/rl_report.md, learning curve "
+                   f"{sub}/rl_curve.png and rl_curve.jsonl")
+  lines.append(f"  next: python -m paraagent_jax.evaluate --workdir={workdir}/eval "
+               f"--checkpoint={workdir}/{config.pipeline.stages[-1]}  (full report); "
+               f"python -m paraagent_jax.export_hf --workdir={workdir}/"
+               f"{config.pipeline.stages[-1]} --out=/tmp/hf")
+  return "\n".join(lines)
 
 
 STAGES: dict[str, Callable[[Any, str], Any]] = {

@@ -201,3 +201,39 @@ def test_copy_warmup_repeat_rows(sft_config):
     demonstrations.make_sft_data(
         ml_collections.ConfigDict(dict(cfg, copy_mode="echo")), split="train",
         batch_size=2, seq_len=256, seed=1)
+
+
+@pytest.mark.parametrize("turns", [1, 2])
+def test_turn_warmup_batches(sft_config, turns):
+  """Opening-turn rows: the demonstration up to its first ``turns`` assistant
+  turns (text and loss mask unchanged), then the demonstrations as before."""
+  base = demonstrations.make_sft_data(sft_config, split="train", batch_size=2,
+                                      seq_len=512, seed=1)
+  tok = tokenizer_lib.load_tokenizer(os.path.join(sft_config.data_dir, "tokenizer"))
+  cfg = ml_collections.ConfigDict(dict(sft_config, copy_warmup=1, turn_warmup=2,
+                                       turn_rows=3, turn_len=400, turn_count=turns))
+  data = demonstrations.make_sft_data(cfg, split="train", batch_size=2, seq_len=512, seed=1)
+  assert data.batch_len(0) == 256   # the copy batch (copy_len default)
+  for i in (1, 2):
+    bt = data.batch(i)
+    assert bt["tokens"].shape == (3, 400) and data.batch_len(i) == 400
+    for r in range(3):
+      n = int(bt["attention_mask"][r].sum())
+      pos = (i - 1) * 3 + r
+      ids, mask = base._examples[base.example_index(pos)]
+      text = tok.decode(ids)
+      # Hand-cut: everything up to the end of the turns-th assistant turn.
+      cut = -1
+      for _ in range(turns):
+        cut = text.index("<|im_end|>\n", text.index("<|im_start|>assistant\n", cut + 1)) + 11
+      want = text[:cut] if len(tok(text[:cut], add_special_tokens=False)["input_ids"]) <= 400 else None
+      got = tok.decode(bt["tokens"][r, :n])
+      if want is not None:
+        assert got == want
+      np.testing.assert_array_equal(bt["loss_mask"][r, :n], mask[:n])
+      assert bt["loss_mask"][r, n:].sum() == 0 and got.count("<|im_start|>assistant") == turns
+  # After both warm-ups the demonstrations start from their own first batch.
+  np.testing.assert_array_equal(data.batch(3)["tokens"], base.batch(0)["tokens"])
+  with pytest.raises(ValueError, match="turn_count"):
+    demonstrations.make_sft_data(ml_collections.ConfigDict(dict(cfg, turn_count=0)),
+                                 split="train", batch_size=2, seq_len=512, seed=1)

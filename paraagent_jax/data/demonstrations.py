@@ -55,6 +55,10 @@ hosts read disjoint rows and the position is one integer (exact resume).
   copy_len: padded length of a copy row (default 256).
   copy_rows: rows of a copy batch on this host (default 0: ``batch_size``);
     short copy rows are cheap, so a warm-up batch can hold more of them.
+  turn_warmup: batches of opening turns after the copy batches (train split
+    only; default 0): demonstrations cut after their first ``turn_count``
+    (default 1) assistant turns, ``turn_rows`` rows (default ``batch_size``)
+    of ``turn_len`` tokens (default 384). See `DemonstrationSFTData.turn_batch`.
   copy_mode: "pairs" (default: short user/assistant spans in the chat
     format) or "repeat" (the classic induction task: a span of distinct
     random non-special tokens, a separator, the same span again; the loss
@@ -196,7 +200,8 @@ class DemonstrationSFTData:
                encoded=None, length_bucket: int | str | Sequence[int] = 0,
                context_weight: float = 0.0, copy_warmup: int = 0,
                copy_len: int = 256, copy_rows: int = 0,
-               copy_mode: str = "pairs"):
+               copy_mode: str = "pairs", turn_warmup: int = 0,
+               turn_rows: int = 0, turn_len: int = 384, turn_count: int = 1):
     if not 0.0 <= context_weight <= 1.0:
       raise ValueError(f"context_loss_weight={context_weight} not in [0, 1]")
     self._context_weight = float(context_weight)
@@ -206,6 +211,11 @@ class DemonstrationSFTData:
       raise ValueError(f"copy_mode={copy_mode!r}; expected one of {COPY_MODES}")
     self.copy_mode = copy_mode
     self.copy_statistic = None   # set by make_sft_data (train split)
+    self.turn_warmup, self.turn_len = int(turn_warmup), int(turn_len)
+    self.turn_rows, self.turn_count = int(turn_rows) or int(batch_size), int(turn_count)
+    if self.turn_warmup < 0 or self.turn_len < 32 or self.turn_count < 1:
+      raise ValueError(f"turn_warmup={turn_warmup} must be >= 0, turn_len="
+                       f"{turn_len} >= 32 and turn_count={turn_count} >= 1")
     if self.copy_warmup < 0 or self.copy_len < 32:
       raise ValueError(f"copy_warmup={copy_warmup} must be >= 0 and "
                        f"copy_len={copy_len} >= 32")
@@ -297,6 +307,9 @@ class DemonstrationSFTData:
     if index < self.copy_warmup:
       return min(self.copy_len, self.seq_len)
     index -= self.copy_warmup
+    if index < self.turn_warmup:
+      return min(self.turn_len, self.seq_len)
+    index -= self.turn_warmup
     if not self.buckets:
       return self.seq_len
     g = self.batch_size * self._process_count
@@ -370,12 +383,38 @@ class DemonstrationSFTData:
       loss_mask[r, len(row) - len(span) + 1:len(row)] = 1
     return {"tokens": tokens, "loss_mask": loss_mask, "attention_mask": attention}
 
+  def turn_batch(self, index: int) -> dict[str, np.ndarray]:
+    """Opening-turns batch ``index``: demonstrations cut after their first
+    ``turn_count`` assistant turns, ``turn_rows`` of them, ``turn_len`` long.
+
+    These rows hold the decisions that copy from the instruction (the
+    provider name into the first search queries, values into the first
+    calls) several times more densely than whole demonstrations, for the
+    same tokens. Rows come from the epoch-0 order of the examples; the loss
+    mask is the demonstration's, cut with the row.
+    """
+    b, t = self.turn_rows, min(self.turn_len, self.seq_len)
+    tokens = np.full((b, t), self._pad, np.int32)
+    loss_mask = np.zeros((b, t), np.float32)
+    attention = np.zeros((b, t), np.int32)
+    first = (index * self._process_count + self._process_index) * b
+    for r in range(b):
+      ids, mask = self._examples[self.example_index(first + r)]
+      # A turn's learnt tokens end where the mask falls back to 0.
+      ends = np.nonzero((mask[:-1] > 0) & (mask[1:] == 0))[0]
+      cut = int(ends[self.turn_count - 1]) + 2 if len(ends) >= self.turn_count else len(ids)
+      cut = min(cut, t)
+      tokens[r, :cut], loss_mask[r, :cut], attention[r, :cut] = ids[:cut], mask[:cut], 1
+    return {"tokens": tokens, "loss_mask": loss_mask, "attention_mask": attention}
+
   def batch(self, index: int) -> dict[str, np.ndarray]:
     """Batch number ``index`` (this host's rows), without moving."""
     if index < self.copy_warmup:
       return self.copy_batch(index)
+    if index < self.copy_warmup + self.turn_warmup:
+      return self.turn_batch(index - self.copy_warmup)
     b, t = self.batch_size, self.batch_len(index)
-    index -= self.copy_warmup
+    index -= self.copy_warmup + self.turn_warmup
     tokens = np.full((b, t), self._pad, np.int32)
     loss_mask = np.zeros((b, t), np.float32)
     attention = np.zeros((b, t), np.int32)
@@ -476,7 +515,11 @@ def make_sft_data(data_config, *, split: str, batch_size: int, seq_len: int,
       copy_warmup=int(_get(data_config, "copy_warmup", 0)) if split == "train" else 0,
       copy_len=int(_get(data_config, "copy_len", 256)),
       copy_rows=int(_get(data_config, "copy_rows", 0)) // process_count,
-      copy_mode=str(_get(data_config, "copy_mode", "pairs")))
+      copy_mode=str(_get(data_config, "copy_mode", "pairs")),
+      turn_warmup=int(_get(data_config, "turn_warmup", 0)) if split == "train" else 0,
+      turn_rows=int(_get(data_config, "turn_rows", 0)) // process_count,
+      turn_len=int(_get(data_config, "turn_len", 384)),
+      turn_count=int(_get(data_config, "turn_count", 1)))
   print(f"demonstrations[{split}]: {data.num_examples} examples, "
         f"{data.num_dropped} dropped and {data.num_truncated} truncated "
         f"(over {seq_len} tokens), vocab {data.vocab_size}", flush=True)
