@@ -94,19 +94,22 @@ def get_config(arg=None):
   c.data.copy_rows = 32
   c.data.copy_len = 128
   c.data.copy_mode = "repeat"
-  # Then opening turns: 200 batches of 32 demonstrations cut after their
-  # first assistant turn (the provider name copied from the instruction into
-  # the search queries), 4x denser in those decisions than whole rows. After
-  # 400 steps on whole rows alone the model copied 2% of instruction words
-  # (it wrote a train-split provider's name instead; docs/cpu_demo.md).
-  c.data.turn_warmup = 200
-  c.data.turn_rows = 32
-  c.data.turn_len = 384
+  # Then opening turns: 350 batches of 64 demonstrations cut after their
+  # first assistant turn, without the system prompt (~130 tokens a row), so
+  # the search queries that copy the provider name from the instruction are
+  # dense and the instruction is near. On whole rows alone the model copied
+  # 2% of the first tokens of instruction words after 400 steps, and 1%
+  # after 200 batches of opening turns *with* the system prompt; 200 more
+  # without it raised that to 28% (47% on short rows; docs/cpu_demo.md).
+  c.data.turn_warmup = 350
+  c.data.turn_rows = 64
+  c.data.turn_len = 192
   c.data.turn_count = 1
+  c.data.turn_system = False
   c.batch_size = 8
   c.seq_len = 1536
 
-  c.total_steps = 1300 if a.budget == "long" else 400
+  c.total_steps = 1400 if a.budget == "long" else 750
   c.optimizer.learning_rate = 3e-3
   c.optimizer.warmup_steps = 20
   c.optimizer.weight_decay = 0.01

@@ -7,7 +7,8 @@ demonstrated token? Counted separately for the tokens a policy copies from
 its context (``name``: tool names in calls; ``argument``: words of string
 arguments, e.g. query words, ids, values; ``answer``: answer words;
 `paraagent_jax.data.copy_stats`), for the first token of each copied span
-(where the choice of *what* to copy is made), and for the other assistant
+(where the choice of *what* to copy is made; also split by where the
+copy comes from, the task instruction or an observation), and for the other assistant
 tokens (protocol tags, JSON punctuation, thoughts). Train rows show what
 was learnt, test rows (providers never seen in training) whether it
 generalises. Prints one JSON line per split.
@@ -16,6 +17,7 @@ generalises. Prints one JSON line per split.
 import argparse
 import json
 import os
+import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -35,6 +37,7 @@ def token_class_accuracy(model, tokenizer, records, max_len: int = 2048) -> dict
     h[1] += 1
 
   for rec in records:
+    instruction = next(m["content"] for m in rec["messages"] if m["role"] == "user")
     text = tok_lib.render_messages(rec["messages"])
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids = np.asarray(enc["input_ids"], np.int32)[:max_len]
@@ -58,10 +61,14 @@ def token_class_accuracy(model, tokenizer, records, max_len: int = 2048) -> dict
       if not idx:
         continue
       copied[idx] = True
+      # Where the copy comes from: the task instruction or an observation.
+      source = "instruction" if re.search(
+          r"(?<![^\W_])" + re.escape(span["text"]) + r"(?![^\W_])", instruction) else "observation"
       for j, i in enumerate(idx):
         count(span["kind"], pred[i] == ids[i])
         if j == 0:
           count(f"{span['kind']}_first", pred[i] == ids[i])
+          count(f"{span['kind']}_first_from_{source}", pred[i] == ids[i])
       count(f"{span['kind']}_span", all(pred[i] == ids[i] for i in idx))
     for i in np.nonzero(assistant & ~copied)[0]:
       count("other", pred[i] == ids[i])

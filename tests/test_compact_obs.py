@@ -203,15 +203,16 @@ def test_copy_warmup_repeat_rows(sft_config):
         batch_size=2, seq_len=256, seed=1)
 
 
-@pytest.mark.parametrize("turns", [1, 2])
-def test_turn_warmup_batches(sft_config, turns):
+@pytest.mark.parametrize("turns,system", [(1, True), (2, True), (1, False)])
+def test_turn_warmup_batches(sft_config, turns, system):
   """Opening-turn rows: the demonstration up to its first ``turns`` assistant
   turns (text and loss mask unchanged), then the demonstrations as before."""
   base = demonstrations.make_sft_data(sft_config, split="train", batch_size=2,
                                       seq_len=512, seed=1)
   tok = tokenizer_lib.load_tokenizer(os.path.join(sft_config.data_dir, "tokenizer"))
   cfg = ml_collections.ConfigDict(dict(sft_config, copy_warmup=1, turn_warmup=2,
-                                       turn_rows=3, turn_len=400, turn_count=turns))
+                                       turn_rows=3, turn_len=400, turn_count=turns,
+                                       turn_system=system))
   data = demonstrations.make_sft_data(cfg, split="train", batch_size=2, seq_len=512, seed=1)
   assert data.batch_len(0) == 256   # the copy batch (copy_len default)
   for i in (1, 2):
@@ -221,7 +222,12 @@ def test_turn_warmup_batches(sft_config, turns):
       n = int(bt["attention_mask"][r].sum())
       pos = (i - 1) * 3 + r
       ids, mask = base._examples[base.example_index(pos)]
+      if not system:   # the row starts at the task's user turn
+        start = [j for j, x in enumerate(ids) if x == tok.convert_tokens_to_ids("<|im_start|>")][1]
+        assert tok.decode(ids[:start]).startswith("<|im_start|>system\n")
+        ids, mask = ids[start:], mask[start:]
       text = tok.decode(ids)
+      assert text.startswith("<|im_start|>system" if system else "<|im_start|>user")
       # Hand-cut: everything up to the end of the turns-th assistant turn.
       cut = -1
       for _ in range(turns):

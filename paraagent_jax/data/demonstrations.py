@@ -201,7 +201,8 @@ class DemonstrationSFTData:
                context_weight: float = 0.0, copy_warmup: int = 0,
                copy_len: int = 256, copy_rows: int = 0,
                copy_mode: str = "pairs", turn_warmup: int = 0,
-               turn_rows: int = 0, turn_len: int = 384, turn_count: int = 1):
+               turn_rows: int = 0, turn_len: int = 384, turn_count: int = 1,
+               turn_system: bool = True):
     if not 0.0 <= context_weight <= 1.0:
       raise ValueError(f"context_loss_weight={context_weight} not in [0, 1]")
     self._context_weight = float(context_weight)
@@ -213,6 +214,8 @@ class DemonstrationSFTData:
     self.copy_statistic = None   # set by make_sft_data (train split)
     self.turn_warmup, self.turn_len = int(turn_warmup), int(turn_len)
     self.turn_rows, self.turn_count = int(turn_rows) or int(batch_size), int(turn_count)
+    self.turn_system = bool(turn_system)
+    self._im_start = tokenizer.convert_tokens_to_ids(tokenizer_lib.IM_START)
     if self.turn_warmup < 0 or self.turn_len < 32 or self.turn_count < 1:
       raise ValueError(f"turn_warmup={turn_warmup} must be >= 0, turn_len="
                        f"{turn_len} >= 32 and turn_count={turn_count} >= 1")
@@ -400,6 +403,10 @@ class DemonstrationSFTData:
     first = (index * self._process_count + self._process_index) * b
     for r in range(b):
       ids, mask = self._examples[self.example_index(first + r)]
+      if not self.turn_system:   # start at the second turn (the task)
+        starts = np.nonzero(ids == self._im_start)[0]
+        if len(starts) > 1:
+          ids, mask = ids[starts[1]:], mask[starts[1]:]
       # A turn's learnt tokens end where the mask falls back to 0.
       ends = np.nonzero((mask[:-1] > 0) & (mask[1:] == 0))[0]
       cut = int(ends[self.turn_count - 1]) + 2 if len(ends) >= self.turn_count else len(ids)
@@ -519,7 +526,8 @@ def make_sft_data(data_config, *, split: str, batch_size: int, seq_len: int,
       turn_warmup=int(_get(data_config, "turn_warmup", 0)) if split == "train" else 0,
       turn_rows=int(_get(data_config, "turn_rows", 0)) // process_count,
       turn_len=int(_get(data_config, "turn_len", 384)),
-      turn_count=int(_get(data_config, "turn_count", 1)))
+      turn_count=int(_get(data_config, "turn_count", 1)),
+      turn_system=bool(_get(data_config, "turn_system", True)))
   print(f"demonstrations[{split}]: {data.num_examples} examples, "
         f"{data.num_dropped} dropped and {data.num_truncated} truncated "
         f"(over {seq_len} tokens), vocab {data.vocab_size}", flush=True)
