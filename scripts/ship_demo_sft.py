@@ -20,7 +20,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def log_summary(workdir: str, copy_warmup: int) -> list[str]:
+def log_summary(workdir: str, copy_warmup: int, turn_warmup: int) -> list[str]:
   """Markdown lines: the training log at a few steps, per phase."""
   from paraagent_jax import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
   recs = metrics_lib.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
@@ -28,13 +28,15 @@ def log_summary(workdir: str, copy_warmup: int) -> list[str]:
   evals = {int(r["step"]): r["eval/loss"] for r in recs if "eval/loss" in r}
   lines = ["| step | phase | train loss | validation loss | tokens/s (loss tokens) |",
            "|---|---|---|---|---|"]
-  keep = {train[0]["step"], copy_warmup, train[-1]["step"]} | set(evals)
+  keep = {train[0]["step"], copy_warmup, copy_warmup + turn_warmup,
+          train[-1]["step"]} | set(evals)
   keep |= {r["step"] for r in train if r["step"] % 200 == 0}
   for r in train:
     s = int(r["step"])
     if s not in keep:
       continue
-    phase = "copy warm-up" if s <= copy_warmup else "demonstrations"
+    phase = ("induction rows" if s <= copy_warmup else "opening turns"
+             if s <= copy_warmup + turn_warmup else "demonstrations")
     ev = f"{evals[s]:.3f}" if s in evals else ""
     lines.append(f"| {s} | {phase} | {r['train/loss']:.3f} | {ev} | "
                  f"{r.get('train/tokens_per_sec', 0):.0f} |")
@@ -60,6 +62,8 @@ def main():
   with open(os.path.join(args.workdir, EVAL_FILE)) as f:
     ev = json.load(f)
   m = config.model
+  with open(os.path.join(args.out, "config.json")) as f:
+    vocab = json.load(f)["vocab_size"]
   n_params = sum(os.path.getsize(os.path.join(args.out, f)) for f in summary["files"]
                  if f.endswith(".safetensors")) // 4
   readme = [
@@ -67,7 +71,7 @@ def main():
       "",
       "A small Qwen3 (`Qwen3ForCausalLM`: "
       f"{m.num_layers} layers, hidden {m.hidden_size}, {m.num_heads} heads with "
-      f"{m.num_kv_heads} KV heads, vocabulary {config.model.vocab_size or 'of the tokenizer'}, "
+      f"{m.num_kv_heads} KV heads, vocabulary {vocab}, "
       f"about {n_params / 1e6:.1f}M parameters, fp32) trained from scratch by "
       "supervised fine-tuning on ParaAct demonstrations of ToolEnv's procedural "
       "catalog, **train-split providers only**, with the demo BPE tokenizer "
@@ -85,7 +89,8 @@ def main():
       "",
       "## Training log (WORKDIR/metrics.jsonl)",
       "",
-      *log_summary(args.workdir, int(config.data.get("copy_warmup", 0))),
+      *log_summary(args.workdir, int(config.data.get("copy_warmup", 0)),
+                   int(config.data.get("turn_warmup", 0))),
       "",
       f"## Greedy ParaAct on {ev.get('num_tasks')} held-out test-split tasks "
       "(providers never seen in training; the 50,011-tool catalog searched as usual)",

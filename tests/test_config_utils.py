@@ -121,6 +121,24 @@ def test_project_configs_have_a_local_variant():
   assert tiny.data.source == "synthetic"
 
 
+def test_demo_variants_start_from_the_right_policy():
+  shipped = os.path.join(ROOT, "pretrained", "demo_sft")
+  demo = cu.load_config(DEMO)
+  assert tuple(demo.pipeline.stages) == ("demos", "rl")
+  assert demo.init_from == shipped and demo.data.tokenizer == shipped
+  assert cu.load_config(DEMO + ":stage=rl").init_from == shipped
+  for arg in (":from_scratch=True", ":stage=sft,budget=long", ":runlocal"):
+    c = cu.load_config(DEMO + arg)
+    assert c.init_from == "" and c.data.tokenizer == "", arg
+    assert tuple(c.pipeline.stages) == ("demos", "sft", "rl"), arg
+  long, short = (cu.load_config(DEMO + f":stage=sft,budget={b}") for b in ("long", "short"))
+  warm = long.data.copy_warmup + long.data.turn_warmup
+  assert short.total_steps - warm < long.total_steps - warm
+  assert long.data.num_tasks == 8000 and demo.data.num_tasks == 1600
+  with pytest.raises(cu.ConfigError, match="budget"):
+    cu.load_config(DEMO + ":budget=medium")
+
+
 def test_train_defaults_are_plain_serialisable():
   c = cu.train_defaults()
   d = cu.to_dict(c)
