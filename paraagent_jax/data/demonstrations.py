@@ -337,9 +337,7 @@ class DemonstrationSFTData:
     b, t = self.copy_rows, min(self.copy_len, self.seq_len)
     rng = np.random.default_rng([self._seed, 7919, index, self._process_index])
     head, mid, tail, n_end = self._copy_glue
-    tokens = np.full((b, t), self._pad, np.int32)
-    loss_mask = np.zeros((b, t), np.float32)
-    attention = np.zeros((b, t), np.int32)
+    tokens, loss_mask, attention = self._empty_batch(b, t)
     if self.copy_mode == "repeat":
       return self._repeat_rows(rng, tokens, loss_mask, attention, mid)
     for r in range(b):
@@ -386,6 +384,11 @@ class DemonstrationSFTData:
       loss_mask[r, len(row) - len(span) + 1:len(row)] = 1
     return {"tokens": tokens, "loss_mask": loss_mask, "attention_mask": attention}
 
+  def _empty_batch(self, b: int, t: int):
+    """(tokens all padding, loss mask 0, attention mask 0) of a [b, t] batch."""
+    return (np.full((b, t), self._pad, np.int32), np.zeros((b, t), np.float32),
+            np.zeros((b, t), np.int32))
+
   def turn_batch(self, index: int) -> dict[str, np.ndarray]:
     """Opening-turns batch ``index``: demonstrations cut after their first
     ``turn_count`` assistant turns, ``turn_rows`` of them, ``turn_len`` long.
@@ -397,9 +400,7 @@ class DemonstrationSFTData:
     mask is the demonstration's, cut with the row.
     """
     b, t = self.turn_rows, min(self.turn_len, self.seq_len)
-    tokens = np.full((b, t), self._pad, np.int32)
-    loss_mask = np.zeros((b, t), np.float32)
-    attention = np.zeros((b, t), np.int32)
+    tokens, loss_mask, attention = self._empty_batch(b, t)
     first = (index * self._process_count + self._process_index) * b
     for r in range(b):
       ids, mask = self._examples[self.example_index(first + r)]
@@ -422,9 +423,7 @@ class DemonstrationSFTData:
       return self.turn_batch(index - self.copy_warmup)
     b, t = self.batch_size, self.batch_len(index)
     index -= self.copy_warmup + self.turn_warmup
-    tokens = np.full((b, t), self._pad, np.int32)
-    loss_mask = np.zeros((b, t), np.float32)
-    attention = np.zeros((b, t), np.int32)
+    tokens, loss_mask, attention = self._empty_batch(b, t)
     first = (index * self._process_count + self._process_index) * b
     for r in range(b):
       ids, mask = self._examples[self.example_index(first + r)]

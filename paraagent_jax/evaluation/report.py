@@ -222,35 +222,29 @@ def _run_table(runs) -> list[str]:
   return lines
 
 
-def _kind_table(runs) -> list[str]:
+def _per_kind_table(runs, cell) -> list[str]:
+  """One row per run, one column per kind; ``cell(per_kind_summary)``."""
   kinds = _kinds(runs)
   lines = ["| benchmark | policy | strategy | " + " | ".join(kinds) + " |",
            "|" + "---|" * (3 + len(kinds))]
   for run in runs:
-    cells = []
-    for k in kinds:
-      v = run["per_kind"].get(k)
-      cells.append(f"{v['n']}: {_fmt(v['success'], True)} ({_ci(v['ci95'])})" if v else "-")
+    cells = [cell(run["per_kind"][k]) if run["per_kind"].get(k) else "-" for k in kinds]
     lines.append(f"| {run['benchmark']} | {run['policy']} | {run['strategy']} | "
                  + " | ".join(cells) + " |")
   return lines
+
+
+def _kind_table(runs) -> list[str]:
+  """n and success with its Wilson CI per kind."""
+  return _per_kind_table(
+      runs, lambda v: f"{v['n']}: {_fmt(v['success'], True)} ({_ci(v['ci95'])})")
 
 
 def _kind_behaviour_table(runs) -> list[str]:
   """Mean turns and calls per execute step per kind, one row per run (a
   trained policy next to the oracle when both are in the report)."""
-  kinds = _kinds(runs)
-  lines = ["| benchmark | policy | strategy | " + " | ".join(kinds) + " |",
-           "|" + "---|" * (3 + len(kinds))]
-  for run in runs:
-    cells = []
-    for k in kinds:
-      v = run["per_kind"].get(k)
-      cells.append(f"{_fmt(v.get('turns'))} / {_fmt(v.get('calls_per_execute_step'))}"
-                   if v else "-")
-    lines.append(f"| {run['benchmark']} | {run['policy']} | {run['strategy']} | "
-                 + " | ".join(cells) + " |")
-  return lines
+  return _per_kind_table(
+      runs, lambda v: f"{_fmt(v.get('turns'))} / {_fmt(v.get('calls_per_execute_step'))}")
 
 
 def markdown_table(report: dict[str, Any]) -> str:
@@ -270,16 +264,14 @@ def markdown_table(report: dict[str, Any]) -> str:
     if i:
       lines.append("")
     lines += _run_table(group)
-  lines += ["", "Per kind: n, success % (95% Wilson CI)", ""]
-  for i, (_, group) in enumerate(by_bench.items()):
-    if i:
-      lines.append("")
-    lines += _kind_table(group)
-  lines += ["", "Per kind: mean turns / calls per execute step", ""]
-  for i, (_, group) in enumerate(by_bench.items()):
-    if i:
-      lines.append("")
-    lines += _kind_behaviour_table(group)
+  for title, table in (("Per kind: n, success % (95% Wilson CI)", _kind_table),
+                       ("Per kind: mean turns / calls per execute step",
+                        _kind_behaviour_table)):
+    lines += ["", title, ""]
+    for i, (_, group) in enumerate(by_bench.items()):
+      if i:
+        lines.append("")
+      lines += table(group)
   notes = report.get("notes") or notes_for(r["benchmark"] for r in runs)
   if notes:
     lines += ["", "Notes:", ""] + [f"* {v}" for v in notes.values()]
