@@ -86,6 +86,13 @@ def rl_defaults() -> ml_collections.ConfigDict:
   c.ckpt_every = 1              # iterations between checkpoints (and the last)
   c.token_budget = 0            # max real tokens per batch; 0 = no budget
   c.num_micro_batches = 0       # RL step micro-batches; 0 = config.num_micro_batches
+  # RL's own optimizer settings over config.optimizer (which a pipeline shares
+  # with SFT): peak learning rate (0 = optimizer's), warmup (-1 = optimizer's)
+  # and schedule ("" = optimizer's). The schedule's length is always RL's own
+  # number of optimizer steps (iterations x passes).
+  c.learning_rate = 0.0
+  c.warmup_steps = -1
+  c.schedule = ""
   c.grpo = ml_collections.ConfigDict(dict(
       clip_eps_low=0.2, clip_eps_high=0.28, beta=0.0, entropy_coef=0.0,
       aggregation="token_mean", levels="traj,phase,step", normalize="mean_std",
@@ -283,6 +290,31 @@ def save_curve(workdir: str) -> str | None:
   return out
 
 
+def rl_optimizer_config(config):
+  """``config.optimizer`` with RL's own overrides (``rl.learning_rate``,
+  ``rl.warmup_steps``, ``rl.schedule``) and RL's number of steps."""
+  # pylint: disable=g-import-not-at-top
+  from paraagent_jax import config_utils
+  from paraagent_jax.rl import train_step as ts
+  rl = config.rl
+  values = dict(config.optimizer)
+  if rl.get("learning_rate", 0.0):
+    values["learning_rate"] = float(rl.learning_rate)
+  if rl.get("warmup_steps", -1) >= 0:
+    values["warmup_steps"] = int(rl.warmup_steps)
+  if rl.get("schedule", ""):
+    values["schedule"] = str(rl.schedule)
+  if values.get("schedule", "cosine") not in ts.SCHEDULES:
+    raise config_utils.ConfigError(f"optimizer (rl): schedule={values['schedule']!r}; "
+                                   f"choose from {ts.SCHEDULES}")
+  values["total_steps"] = max(1, int(rl.iterations) * int(rl.passes))
+  values["warmup_steps"] = min(int(values.get("warmup_steps", 0)), values["total_steps"] - 1)
+  try:
+    return ts.config_from_mapping(ts.OptimizerConfig, values)
+  except (ValueError, TypeError) as e:
+    raise config_utils.ConfigError(f"optimizer (rl): {e}") from None
+
+
 def run_rl(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Runs the RL stage in ``workdir``; returns the final evaluation metrics."""
   # pylint: disable=g-import-not-at-top
@@ -315,7 +347,7 @@ def run_rl(config: ml_collections.ConfigDict, workdir: str) -> dict:
   train_lib.check_init_from(config.init_from)
   mesh = train_lib.make_mesh(config)
   model_cfg = train_lib.model_config(config, vocab_size=len(tok))
-  opt_cfg = train_lib.optimizer_config(config)
+  opt_cfg = rl_optimizer_config(config)
   optimizer = ts.make_optimizer(opt_cfg)
   gcfg = dict(rl.grpo.to_dict())
   gcfg["levels"] = _levels(gcfg.get("levels", "traj,phase,step"))

@@ -107,3 +107,18 @@ def test_kl_reference_is_the_starting_policy_even_after_resume(tok_dir, tmp_path
   # away from it, so a reference rebuilt from the resumed state would give 0.
   assert kl[1] == pytest.approx(0.0, abs=1e-7)
   assert kl[2] > 1e-6, kl
+
+
+def test_rl_optimizer_has_its_own_rate_and_schedule_length(tok_dir):
+  c = rl_config(tok_dir, iterations=30)
+  c.total_steps = 1400                      # the SFT stage's length
+  c.optimizer.learning_rate, c.optimizer.warmup_steps = 3e-3, 20
+  o = rl_stage.rl_optimizer_config(c)
+  # Without overrides: SFT's rate and warmup, but RL's own number of steps.
+  assert (o.learning_rate, o.warmup_steps, o.total_steps) == (3e-3, 20, 30)
+  c.rl.learning_rate, c.rl.warmup_steps, c.rl.schedule, c.rl.passes = 2e-4, 0, "constant", 2
+  o = rl_stage.rl_optimizer_config(c)
+  assert (o.learning_rate, o.warmup_steps, o.total_steps, o.schedule) == (2e-4, 0, 60, "constant")
+  c.rl.schedule = "exponential"
+  with pytest.raises(config_utils.ConfigError, match="optimizer \\(rl\\)"):
+    rl_stage.rl_optimizer_config(c)
