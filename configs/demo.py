@@ -126,6 +126,11 @@ def get_config(arg=None):
     c.pipeline.stages = ("demos", "rl")
     c.init_from = SHIPPED_SFT
     c.data.tokenizer = SHIPPED_SFT
+  # RL's own step size (SFT's 3e-3 would undo the policy). A starting
+  # point: RL from the shipped policy is not yet measured (docs/cpu_demo.md).
+  c.rl.learning_rate = 2e-4
+  c.rl.warmup_steps = 0
+  c.rl.schedule = "constant"
   c.rl.iterations = 10
   c.rl.tasks_per_iter = 8
   c.rl.group_size = 4
