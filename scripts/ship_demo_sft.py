@@ -26,7 +26,7 @@ def log_summary(workdir: str, copy_warmup: int, turn_warmup: int) -> list[str]:
   recs = metrics_lib.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
   train = [r for r in recs if "train/loss" in r]
   evals = {int(r["step"]): r["eval/loss"] for r in recs if "eval/loss" in r}
-  lines = ["| step | phase | train loss | validation loss | tokens/s (loss tokens) |",
+  lines = ["| step | phase | train loss | validation loss | tokens/s (the log's train/tokens_per_sec) |",
            "|---|---|---|---|---|"]
   keep = {train[0]["step"], copy_warmup, copy_warmup + turn_warmup,
           train[-1]["step"]} | set(evals)
