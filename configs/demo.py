@@ -77,6 +77,10 @@ def get_config(arg=None):
   # padded to their own length bucket, not to seq_len (~1,050 tokens a row).
   c.data.search_top_k = 3
   c.data.thoughts = "plan"
+  # The answerer echoes each answer field as the observation shows it
+  # (`"owner": "Goran Haddad"`, not `owner: Goran Haddad`): the answer is then
+  # a copy of observed text, tokens and all.
+  c.data.answer_style = "json"
   c.data.length_bucket = "512,768,1024"   # + seq_len: 4 compiled shapes
   c.data.overlong = "truncate"    # the longest ~10% keep their first turns
   # Options measured and left at their off values (docs/cpu_demo.md):

@@ -33,9 +33,10 @@ SPECIAL_TOKENS = (END_OF_TEXT, IM_START, IM_END)
 ADDED_TOKENS = (TOOL_RESPONSE_OPEN, TOOL_RESPONSE_CLOSE) + tuple(
     protocol.PROTOCOL_TOKENS)
 ROLES = ("system", "user", "assistant", "tool")
-# The demo BPE's pre-tokenizer: one piece per character that is not a letter
-# or a digit (see `train_bpe_tokenizer`).
-COPYABLE_SPLIT = r"[^\p{L}\p{N}]+"
+# The demo BPE's pre-tokenizer: runs of characters other than letters, digits
+# and "-" are pieces of their own (see `train_bpe_tokenizer`), so an id such as
+# ``exo-43bf76`` stays one word and tokenizes alike wherever it appears.
+COPYABLE_SPLIT = r"[^\p{L}\p{N}-]+"
 
 CHAT_TEMPLATE = (
     "{%- for message in messages %}"
@@ -173,10 +174,11 @@ def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int = 4096,
                           pre_tokenizers, processors, trainers)
   from transformers import PreTrainedTokenizerFast
   tok = Tokenizer(models.BPE())
-  # Copyable pieces: every character that is not a letter or a digit is a
-  # piece of its own, so BPE merges only inside runs of letters and digits
-  # and a name gets the same ids wherever it stands (`` Triraon``,
-  # ``"Triraon``, ``_triraon`` all contain the ids of ``Triraon``). With the
+  # Copyable pieces: runs of characters other than letters, digits and "-"
+  # are pieces of their own, so BPE merges only inside words (ids such as
+  # ``exo-43bf76`` included) and a name gets the same ids wherever it stands
+  # (`` Triraon``, ``"Triraon``, ``_triraon`` all contain the ids of
+  # ``Triraon``). With the
   # GPT-2 regex a leading space or quote joined the word and the policy's
   # copies (instruction -> query, observation -> call) moved between ids.
   tok.pre_tokenizer = pre_tokenizers.Sequence([

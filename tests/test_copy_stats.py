@@ -57,3 +57,23 @@ def test_copy_statistic_gpt2_pretokenizer_moves_ids(monkeypatch):
   assert tok.tokenize(' Triraon') != tok.tokenize('"Triraon')[1:]
   stat = copy_stats.copy_statistic([{"messages": ROW}], tok)
   assert stat["copy_statistic"] < 0.9
+
+
+def test_ids_are_one_pre_token_wherever_they_stand():
+  """``gym-e9c055`` is one word: its first piece follows the unique prefix.
+
+  With "-" a piece of its own, the hex digits followed a "-" that occurs
+  everywhere, and the policy copied ids by a two-token context only.
+  """
+  tok = _tokenizer()
+  pre = tok.backend_tokenizer.pre_tokenizer
+  for text in (" gym-e9c055.", '"gym-e9c055"', ": gym-e9c055 "):
+    words = [w for w, _ in pre.pre_tokenize_str(text)]
+    assert "gym-e9c055" in words, (text, words)
+  ids = tok("gym-e9c055")["input_ids"]
+  for text in ('Look up gym-e9c055.', '{"gym_id": "gym-e9c055"}'):
+    row = tok(text)["input_ids"]
+    assert any(row[i:i + len(ids)] == ids for i in range(len(row))), text
+  # Hyphenated prose stays one word too; spaces and quotes are still split off.
+  assert [w for w, _ in pre.pre_tokenize_str('a one-line "x"')] == [
+      "a", "Ġ", "one-line", 'Ġ"', "x", '"']

@@ -23,8 +23,8 @@ import json
 from typing import Any, Sequence
 
 from toolenv import rewards as rw
-from toolenv.executor import (Executor, canonical_call, canonical_json, digest, error, is_error,
-                              state_key, with_defaults)
+from toolenv.executor import (OBS_JSON, Executor, canonical_call, canonical_json, digest, error,
+                              is_error, state_key, with_defaults)
 from toolenv.schema import GET_TOOL_DOC, META_TOOLS, SEARCH_TOOLS, Call, Step, StepResult
 from toolenv.search import SearchIndex, get_tool_doc, param_signature
 from toolenv.tasks import Task
@@ -45,9 +45,7 @@ def _short(x: Any, n: int = 60) -> str:
   return s[:n]
 
 
-# One encoder object: json.dumps with options builds a new one per call.
-_OBS_JSON = json.JSONEncoder(ensure_ascii=False, separators=(", ", ": "), default=str)
-_dump = _OBS_JSON.encode
+_dump = OBS_JSON   # one encoder object (json.dumps with options builds one per call)
 
 
 class ToolEnv:

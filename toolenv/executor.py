@@ -35,6 +35,9 @@ _RECORD_CACHE = 200_000    # memoised base records per executor
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=str,
                               ensure_ascii=False)
 _blake2b = hashlib.blake2b
+# How observations write a tool's JSON output (`ToolEnv`): the answerer's
+# "json" answers echo a field exactly as the observation shows it.
+OBS_JSON = json.JSONEncoder(ensure_ascii=False, separators=(", ", ": "), default=str).encode
 
 
 def canonical_json(obj: Any) -> str:

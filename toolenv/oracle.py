@@ -38,8 +38,21 @@ def _check(strategy: str) -> None:
     raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
 
 
-def answer_text(task: Task) -> str:
-  """The final answer: every gold value with its label."""
+ANSWER_STYLES: tuple[str, ...] = ("label", "json")
+
+
+def answer_text(task: Task, style: str = "label") -> str:
+  """The final answer: every gold value, ``; ``-separated.
+
+  ``style="label"`` writes ``owner: Goran Haddad`` (the task's label);
+  ``"json"`` writes the field as the observation shows it,
+  ``"owner": "Goran Haddad"``, so that an answer is a copy of observed text
+  (tasks from before answers kept their field fall back to the label).
+  """
+  if style not in ANSWER_STYLES:
+    raise ValueError(f"answer style must be one of {ANSWER_STYLES}, got {style!r}")
+  if style == "json" and all("key" in a and "json" in a for a in task.answers):
+    return "; ".join(f'"{a["key"]}": {a["json"]}' for a in task.answers)
   return "; ".join(f"{a['label']}: {a['value']}" for a in task.answers)
 
 

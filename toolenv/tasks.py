@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import re
 from typing import Any, Iterable, Sequence
 
-from toolenv.executor import (Executor, canonical_json, digest, is_error, lookup, make_id,
+from toolenv.executor import (OBS_JSON, Executor, canonical_json, digest, is_error, lookup, make_id,
                               state_key)
 
 KINDS: tuple[str, ...] = ("single", "parallel", "chain", "fanout", "mixed")
@@ -79,6 +80,11 @@ def fmt_value(v: Any) -> str:
   if isinstance(v, str):
     return v
   return canonical_json(v)
+
+
+def answer_key(path: str) -> str:
+  """The response field an answer path ends in: ``items[0].name`` -> ``name``."""
+  return re.sub(r"\[\d*\]", "", path.split(".")[-1])
 
 
 def _words(s: str) -> str:
@@ -309,7 +315,8 @@ class TaskGenerator:
                       "late": bool(part.get("late")) and level > 0})
       for j, path, label in part["answers"]:
         v = lookup(outs[j], path)
-        answers.append({"label": label, "value": fmt_value(v)})
+        answers.append({"label": label, "value": fmt_value(v),
+                        "key": answer_key(path), "json": OBS_JSON(v)})
       texts.append(part["text"])
     writes = any(self.catalog[n["tool"]].effect == "write" for n in nodes)
     instruction = " ".join(texts) if len(texts) == 1 else " Also: ".join(texts)

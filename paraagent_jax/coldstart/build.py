@@ -23,7 +23,8 @@ default mix; default the default mix), kinds, batch_size, chat (dict:
 base_url, model, cache_dir, max_workers, temperature), search_top_k (the
 scripted explorers pass it to ``search_tools``; 0 = the env's default 5),
 thoughts ("full", "plan" or "none": see `orchestrator.Orchestrator`),
-obs_format (ToolEnv's observation format, "full" or "compact"; the policy's
+answer_style (the scripted answerer's, "label" or "json": see
+`toolenv.oracle.answer_text`), obs_format (ToolEnv's observation format, "full" or "compact"; the policy's
 evaluation and RL must use the same one).
 """
 
@@ -101,7 +102,8 @@ def make_roles(data_cfg, catalog, seed: int) -> roles_lib.RoleSet:
   if backend == "scripted":
     top_k = int(_get(data_cfg, "search_top_k", 0)) or None
     return roles_lib.scripted_roles(catalog, imperfection_from(
-        _get(data_cfg, "imperfection", None)), seed=seed, search_top_k=top_k)
+        _get(data_cfg, "imperfection", None)), seed=seed, search_top_k=top_k,
+        answer_style=str(_get(data_cfg, "answer_style", "label")))
   if backend == "chat":
     from paraagent_jax.api_client import ChatClient  # pylint: disable=g-import-not-at-top
     from paraagent_jax.coldstart import chat_roles  # pylint: disable=g-import-not-at-top

@@ -250,12 +250,17 @@ class ScriptedExecutor(Role):
 
 
 class ScriptedAnswerer(Role):
-  """The gold answer text (every gold value with its label)."""
+  """The gold answer text: every gold value, in ``oracle.answer_text`` style."""
 
   name = "answerer"
 
+  def __init__(self, style: str = "label"):
+    if style not in oracle.ANSWER_STYLES:
+      raise ValueError(f"answer_style={style!r}; expected one of {oracle.ANSWER_STYLES}")
+    self.style = style
+
   def act(self, context: Context) -> RoleOutput:
-    return RoleOutput(self.name, answer=oracle.answer_text(context.task))
+    return RoleOutput(self.name, answer=oracle.answer_text(context.task, self.style))
 
 
 def serial_map(fn: Callable[[Any], Any], items: Iterable[Any]) -> list[Any]:
@@ -286,16 +291,19 @@ class RoleSet:
 
 
 def scripted_roles(catalog, imperfection: Imperfection | None = None,
-                   seed: int = 0, search_top_k: int | None = None) -> RoleSet:
+                   seed: int = 0, search_top_k: int | None = None,
+                   answer_style: str = "label") -> RoleSet:
   """The scripted backend (gold information with ``imperfection``).
 
   ``search_top_k``: the explorers pass this ``top_k`` to ``search_tools``
-  (None: they leave it to the environment's default).
+  (None: they leave it to the environment's default). ``answer_style``: how
+  the answerer writes values (`toolenv.oracle.answer_text`).
   """
   imp = imperfection or Imperfection()
   return RoleSet(planner=ScriptedPlanner(),
                  explorer=ScriptedExplorer(imp, seed, top_k=search_top_k),
-                 executor=ScriptedExecutor(catalog, imp, seed), answerer=ScriptedAnswerer())
+                 executor=ScriptedExecutor(catalog, imp, seed),
+                 answerer=ScriptedAnswerer(answer_style))
 
 
 def step_of(output: RoleOutput, phase: str) -> Step:
