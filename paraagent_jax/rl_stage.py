@@ -3,7 +3,10 @@
 Each iteration:
 
 1. draws ``rl.tasks_per_iter`` tasks from ToolEnv's train split (task number
-   ``it * tasks_per_iter + j``, so a resumed run draws the same tasks);
+   ``it * tasks_per_iter + j``, so a resumed run draws the same tasks); kinds
+   round robin, or (``rl.task_sampling="pass_rate"``) in proportion to the
+   chance that a group of that kind has both successes and failures, from
+   each kind's recent rollout success (`kind_weights`);
 2. rolls out ``rl.group_size`` samples of each with the *current* parameters
    (`paraagent_jax.paraact.rollout.run_rollout`, temperature ``rl.temperature``);
 3. ToolEnv scores them at three levels; the rollout packs a `TrajectoryBatch`;
@@ -72,6 +75,13 @@ def rl_defaults() -> ml_collections.ConfigDict:
   c.tokenizer = ""              # "" = the SFT data's tokenizer
   c.iterations = 20
   c.tasks_per_iter = 4
+  # "round_robin": kinds in turn. "pass_rate": kinds drawn with weight
+  # 1 - p^G - (1-p)^G (the chance a group of G samples has spread in its
+  # trajectory reward), p = the kind's rollout success over the last
+  # sampling_window iterations (Beta(1, 1) prior), floor sampling_floor.
+  c.task_sampling = "round_robin"
+  c.sampling_window = 5
+  c.sampling_floor = 0.05
   c.group_size = 4
   c.passes = 1                  # optimisation passes (K) over each batch
   c.temperature = 1.0
@@ -123,6 +133,7 @@ def run_meta(config, levels: Sequence[str]) -> dict[str, Any]:
   return {"levels": list(levels), "normalize": rl.grpo.normalize,
           "strategy": rl.strategy, "group_size": int(rl.group_size),
           "tasks_per_iter": int(rl.tasks_per_iter), "passes": int(rl.passes),
+          "task_sampling": str(rl.get("task_sampling", "round_robin")),
           "temperature": float(rl.temperature), "seed": int(config.seed),
           "init_from": config.init_from}
 
@@ -190,6 +201,67 @@ def tokenizer_path(config) -> str:
 def draw_tasks(gen, split: str, start: int, n: int, kinds: Sequence[str]):
   """Tasks ``start .. start+n-1`` of ``split`` (kinds round robin)."""
   return [gen.task(i, split, kinds[i % len(kinds)]) for i in range(start, start + n)]
+
+
+TASK_SAMPLING = ("round_robin", "pass_rate")
+
+
+def kind_weights(history: Sequence[dict], kinds: Sequence[str], group_size: int,
+                 window: int, floor: float) -> dict[str, float]:
+  """Sampling weight of each kind from its recent rollout success.
+
+  ``p`` is the posterior mean success of the kind over the last ``window``
+  iterations of ``history`` (``train/rollout/success_<kind>`` and
+  ``train/rollout/n_<kind>``; a Beta(1, 1) prior, so an unseen kind has
+  p = 0.5); the weight is ``1 - p^G - (1-p)^G``, the chance that a group of
+  ``G`` samples has both a success and a failure, at least ``floor``.
+  """
+  rows = [r for r in history if "train/rollout/success" in r][-window:] if window > 0 else []
+  out = {}
+  for k in kinds:
+    n = sum(r.get(f"train/rollout/n_{k}", 0.0) for r in rows)
+    s = sum(r.get(f"train/rollout/success_{k}", 0.0) * r.get(f"train/rollout/n_{k}", 0.0)
+            for r in rows)
+    p = (s + 1.0) / (n + 2.0)
+    out[k] = max(floor, 1.0 - p ** group_size - (1.0 - p) ** group_size)
+  return out
+
+
+def sample_tasks(gen, it: int, n: int, kinds: Sequence[str], rl, history: Sequence[dict],
+                 seed: int = 0):
+  """The ``n`` train tasks of iteration ``it`` (1-based), per ``rl.task_sampling``.
+
+  Task numbers are ``(it - 1) * n + j`` either way; with "pass_rate" the kind
+  of slot ``j`` is drawn from `kind_weights` with a generator seeded by
+  ``seed`` and ``it``, so a resumed run (whose history is restored) draws the
+  same tasks.
+  """
+  import random  # pylint: disable=g-import-not-at-top
+  mode = rl.get("task_sampling", "round_robin")
+  if mode not in TASK_SAMPLING:
+    from paraagent_jax import config_utils  # pylint: disable=g-import-not-at-top
+    raise config_utils.ConfigError(
+        f"rl.task_sampling={mode!r}; expected one of {TASK_SAMPLING}")
+  start = (it - 1) * n
+  if mode == "round_robin":
+    return draw_tasks(gen, "train", start, n, kinds)
+  w = kind_weights(history, kinds, int(rl.group_size), int(rl.get("sampling_window", 5)),
+                   float(rl.get("sampling_floor", 0.05)))
+  rng = random.Random(f"rl-kinds-{seed}-{it}")
+  chosen = rng.choices(list(kinds), weights=[w[k] for k in kinds], k=n)
+  return [gen.task(start + j, "train", k) for j, k in enumerate(chosen)]
+
+
+def kind_rollout_metrics(tasks, episodes) -> dict[str, float]:
+  """``rollout/success_<kind>`` and ``rollout/n_<kind>`` of one iteration."""
+  by = collections.defaultdict(list)
+  for t, e in zip(tasks, episodes):
+    by[t.kind].append(float(e["success"]))
+  out = {}
+  for k, v in sorted(by.items()):
+    out[f"rollout/success_{k}"] = sum(v) / len(v)
+    out[f"rollout/n_{k}"] = float(len(v))
+  return out
 
 
 def rollout_config(rl):
@@ -330,6 +402,9 @@ def run_rl(config: ml_collections.ConfigDict, workdir: str) -> dict:
   from paraagent_jax.rl import train_step as ts
   # pylint: enable=g-import-not-at-top
   rl = config.rl
+  if rl.get("task_sampling", "round_robin") not in TASK_SAMPLING:
+    raise config_utils.ConfigError(
+        f"rl.task_sampling={rl.task_sampling!r}; expected one of {TASK_SAMPLING}")
   tpath = tokenizer_path(config)
   if not tpath or not os.path.exists(tpath):
     raise config_utils.ConfigError(
@@ -407,7 +482,7 @@ def run_rl(config: ml_collections.ConfigDict, workdir: str) -> dict:
       print(f"rl: held-out greedy success before RL {before['success']:.3f}", flush=True)
     for it in range(start_it + 1, rl.iterations + 1):
       t0 = time.perf_counter()
-      tasks = draw_tasks(gen, "train", (it - 1) * rl.tasks_per_iter, rl.tasks_per_iter, kinds)
+      tasks = sample_tasks(gen, it, rl.tasks_per_iter, kinds, rl, history, seed=config.seed)
       group_tasks = [task for task in tasks for _ in range(g)]
       group_ids = [j for j in range(len(tasks)) for _ in range(g)]
       policy.update_model(nnx.merge(t.graphdef, t.state))
@@ -445,6 +520,7 @@ def run_rl(config: ml_collections.ConfigDict, workdir: str) -> dict:
                                        / max(1.0, np.sum(arr["step_mask"]))),
           "rollout/turns": float(np.mean([e["turns"] for e in res.episodes])),
           "time/rollout_s": t_roll, "time/iteration_s": time.perf_counter() - t0})
+      m.update(kind_rollout_metrics(group_tasks, res.episodes))
       log(it, m)
       print(f"rl: it {it}/{rl.iterations} success {m['rollout/success']:.2f} "
             f"R {m['rollout/traj_reward']:.3f} phase {m['rollout/phase_reward']:.3f} "

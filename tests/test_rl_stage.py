@@ -50,7 +50,7 @@ def rl_config(tok_dir, **rl):
 
 def test_rl_runs_logs_levels_and_checkpoints(tok_dir, tmp_path):
   d = str(tmp_path)
-  out = rl_stage.run_rl(rl_config(tok_dir), d)
+  out = rl_stage.run_rl(rl_config(tok_dir, task_sampling="pass_rate"), d)
   assert "success" in out and 0.0 <= out["success"] <= 1.0
   recs = metrics_lib.read_jsonl(os.path.join(d, "metrics.jsonl"))
   train = [r for r in recs if "train/rollout/success" in r]
@@ -59,6 +59,9 @@ def test_rl_runs_logs_levels_and_checkpoints(tok_dir, tmp_path):
     for key in ("traj_reward", "phase_reward", "step_reward"):
       assert f"train/rollout/{key}" in r
     assert "train/loss" in r and "train/grad_norm" in r
+    # Per-kind rollout success: what "pass_rate" task sampling reads.
+    n = sum(v for k, v in r.items() if k.startswith("train/rollout/n_"))
+    assert n == 4 * 2, r
   assert os.path.exists(os.path.join(d, "rl_curve.png"))
   assert os.listdir(os.path.join(d, "checkpoints")) == ["1"]
   # Per-task evaluations before/after on the same tasks, paired; the curve.
@@ -76,6 +79,50 @@ def test_rl_runs_logs_levels_and_checkpoints(tok_dir, tmp_path):
   report = open(os.path.join(d, "rl_report.md")).read()
   assert "| success |" in report and "paired tasks" in report
   # Kill/resume and the NaN stop: tests/test_stage_robustness.py.
+
+
+def test_kind_weights_hand_worked():
+  hist = [{"train/rollout/success": 0.5, "train/rollout/success_single": 0.5,
+           "train/rollout/n_single": 8.0, "train/rollout/success_chain": 0.0,
+           "train/rollout/n_chain": 8.0},
+          {"eval/success": 0.0},                       # not a rollout record
+          {"train/rollout/success": 1.0, "train/rollout/success_single": 1.0,
+           "train/rollout/n_single": 2.0}]
+  w = rl_stage.kind_weights(hist, ["single", "chain", "fanout"], group_size=4,
+                            window=5, floor=0.05)
+  # single: 4 + 2 successes of 10 -> p = 7/12; chain: 0 of 8 -> p = 1/10;
+  # fanout unseen -> p = 1/2.
+  p = 7 / 12
+  assert w["single"] == pytest.approx(1 - p**4 - (1 - p)**4)
+  assert w["chain"] == pytest.approx(1 - 0.1**4 - 0.9**4)
+  assert w["fanout"] == pytest.approx(1 - 2 * 0.5**4)
+  # Only the last `window` rollout records count; the floor holds.
+  w1 = rl_stage.kind_weights(hist, ["single", "chain"], 4, window=1, floor=0.0)
+  assert w1["single"] == pytest.approx(1 - 0.75**4 - 0.25**4)   # 2 of 2
+  assert w1["chain"] == pytest.approx(1 - 2 * 0.5**4)             # unseen in it
+  assert rl_stage.kind_weights(hist, ["chain"], 4, 5, floor=0.5)["chain"] == 0.5
+
+
+def test_sample_tasks_follows_weights_and_is_deterministic():
+  gen = toolenv.TaskGenerator(toolenv.load_catalog("procedural", seed=0), seed=0)
+  kinds = ["single", "chain"]
+  rr = config_utils.load_config("configs/sft_tiny.py").rl
+  assert [t.kind for t in rl_stage.sample_tasks(gen, 1, 4, kinds, rr, [])] == [
+      "single", "chain", "single", "chain"]
+  rr.task_sampling = "pass_rate"
+  rr.sampling_floor = 0.0
+  # single always succeeded (p -> 1, no spread), chain half the time.
+  hist = [{"train/rollout/success": 1.0, "train/rollout/success_single": 1.0,
+           "train/rollout/n_single": 400.0, "train/rollout/success_chain": 0.5,
+           "train/rollout/n_chain": 400.0}]
+  a = rl_stage.sample_tasks(gen, 3, 8, kinds, rr, hist, seed=0)
+  b = rl_stage.sample_tasks(gen, 3, 8, kinds, rr, hist, seed=0)
+  assert [t.id for t in a] == [t.id for t in b]
+  assert sum(t.kind == "chain" for t in a) >= 7
+  assert len({t.id for t in a}) == 8
+  rr.task_sampling = "hardest"
+  with pytest.raises(config_utils.ConfigError, match="task_sampling"):
+    rl_stage.sample_tasks(gen, 1, 4, kinds, rr, [])
 
 
 def test_missing_tokenizer_is_a_config_error(tmp_path):
