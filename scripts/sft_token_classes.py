@@ -8,7 +8,8 @@ its context (``name``: tool names in calls; ``argument``: words of string
 arguments, e.g. query words, ids, values; ``answer``: answer words;
 `paraagent_jax.data.copy_stats`), for the first token of each copied span
 (where the choice of *what* to copy is made; also split by where the
-copy comes from, the task instruction or an observation), and for the other assistant
+copy comes from, the task instruction or an observation), for entity ids
+(``id``: first token, ``id_span``: the whole id), and for the other assistant
 tokens (protocol tags, JSON punctuation, thoughts). Train rows show what
 was learnt, test rows (providers never seen in training) whether it
 generalises. Prints one JSON line per split.
@@ -21,6 +22,9 @@ import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+_ID = re.compile(r"[a-z]{3}-[0-9a-f]{6}")   # `toolenv.executor.make_id`
 
 
 def token_class_accuracy(model, tokenizer, records, max_len: int = 2048) -> dict:
@@ -64,6 +68,10 @@ def token_class_accuracy(model, tokenizer, records, max_len: int = 2048) -> dict
       # Where the copy comes from: the task instruction or an observation.
       source = "instruction" if re.search(
           r"(?<![^\W_])" + re.escape(span["text"]) + r"(?![^\W_])", instruction) else "observation"
+      is_id = _ID.fullmatch(span["text"]) is not None   # e.g. aud-3e9184
+      if is_id:
+        count("id", pred[idx[0]] == ids[idx[0]])
+        count("id_span", all(pred[i] == ids[i] for i in idx))
       for j, i in enumerate(idx):
         count(span["kind"], pred[i] == ids[i])
         if j == 0:
