@@ -264,6 +264,14 @@ def kind_rollout_metrics(tasks, episodes) -> dict[str, float]:
   return out
 
 
+def no_update_note(m: dict) -> str:
+  """A console note when a batch gave the optimiser nothing to learn from."""
+  if m.get("dropped_episode_frac", 0.0) >= 1.0:
+    return ("; no group had reward spread at any enabled level: every episode "
+            "was dropped, no update")
+  return ""
+
+
 def rollout_config(rl):
   from paraagent_jax.paraact import rollout  # pylint: disable=g-import-not-at-top
   return rollout.RolloutConfig(max_turns=rl.max_turns, max_turn_tokens=rl.max_turn_tokens,
@@ -525,7 +533,7 @@ def run_rl(config: ml_collections.ConfigDict, workdir: str) -> dict:
       print(f"rl: it {it}/{rl.iterations} success {m['rollout/success']:.2f} "
             f"R {m['rollout/traj_reward']:.3f} phase {m['rollout/phase_reward']:.3f} "
             f"step {m['rollout/step_reward']:.3f} loss {m.get('loss', float('nan')):.4f} "
-            f"({m['time/iteration_s']:.1f}s)", flush=True)
+            f"({m['time/iteration_s']:.1f}s)" + no_update_note(m), flush=True)
       final = it == rl.iterations
       if (rl.eval_every and it % rl.eval_every == 0) or final:
         per_task = []

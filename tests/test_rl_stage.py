@@ -125,6 +125,12 @@ def test_sample_tasks_follows_weights_and_is_deterministic():
     rl_stage.sample_tasks(gen, 1, 4, kinds, rr, [])
 
 
+def test_no_update_is_said():
+  assert "no update" in rl_stage.no_update_note({"dropped_episode_frac": 1.0})
+  assert rl_stage.no_update_note({"dropped_episode_frac": 0.5}) == ""
+  assert rl_stage.no_update_note({}) == ""
+
+
 def test_missing_tokenizer_is_a_config_error(tmp_path):
   c = rl_config(str(tmp_path / "nope"))
   with pytest.raises(config_utils.ConfigError, match="tokenizer"):
