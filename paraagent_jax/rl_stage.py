@@ -264,6 +264,17 @@ def kind_rollout_metrics(tasks, episodes) -> dict[str, float]:
   return out
 
 
+def traj_spread_fraction(traj_reward, group_size: int) -> float:
+  """Fraction of groups whose trajectory rewards are not all equal.
+
+  Episodes are laid out group by group (``group_size`` consecutive rows);
+  only these groups give plain GRPO (``levels=traj``) a nonzero advantage.
+  """
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  r = np.asarray(traj_reward, np.float64).reshape(-1, group_size)
+  return float(np.mean(r.max(axis=1) - r.min(axis=1) > 1e-9))
+
+
 def no_update_note(m: dict) -> str:
   """A console note when a batch gave the optimiser nothing to learn from."""
   if m.get("dropped_episode_frac", 0.0) >= 1.0:
@@ -529,6 +540,7 @@ def run_rl(config: ml_collections.ConfigDict, workdir: str) -> dict:
           "rollout/turns": float(np.mean([e["turns"] for e in res.episodes])),
           "time/rollout_s": t_roll, "time/iteration_s": time.perf_counter() - t0})
       m.update(kind_rollout_metrics(group_tasks, res.episodes))
+      m["rollout/traj_spread_groups"] = traj_spread_fraction(arr["traj_reward"], g)
       log(it, m)
       print(f"rl: it {it}/{rl.iterations} success {m['rollout/success']:.2f} "
             f"R {m['rollout/traj_reward']:.3f} phase {m['rollout/phase_reward']:.3f} "
@@ -573,6 +585,7 @@ CURVE_KEYS = {"success": "train/rollout/success", "traj_reward": "train/rollout/
               "phase_reward": "train/rollout/phase_reward",
               "step_reward": "train/rollout/step_reward",
               "dropped_episode_frac": "train/dropped_episode_frac",
+              "traj_spread_groups": "train/rollout/traj_spread_groups",
               "eval_success": "eval/success"}
 
 

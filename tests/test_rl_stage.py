@@ -62,6 +62,7 @@ def test_rl_runs_logs_levels_and_checkpoints(tok_dir, tmp_path):
     # Per-kind rollout success: what "pass_rate" task sampling reads.
     n = sum(v for k, v in r.items() if k.startswith("train/rollout/n_"))
     assert n == 4 * 2, r
+    assert 0.0 <= r["train/rollout/traj_spread_groups"] <= 1.0
   assert os.path.exists(os.path.join(d, "rl_curve.png"))
   assert os.listdir(os.path.join(d, "checkpoints")) == ["1"]
   # Per-task evaluations before/after on the same tasks, paired; the curve.
@@ -123,6 +124,12 @@ def test_sample_tasks_follows_weights_and_is_deterministic():
   rr.task_sampling = "hardest"
   with pytest.raises(config_utils.ConfigError, match="task_sampling"):
     rl_stage.sample_tasks(gen, 1, 4, kinds, rr, [])
+
+
+def test_traj_spread_fraction():
+  r = [0, 0, 1, 0,   1, 1, 1, 1,   0, 0, 0, 0]
+  assert rl_stage.traj_spread_fraction(r, 4) == pytest.approx(1 / 3)
+  assert rl_stage.traj_spread_fraction([1.02, 1.0], 2) == 1.0   # efficiency bonus
 
 
 def test_no_update_is_said():
