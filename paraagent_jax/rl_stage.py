@@ -311,8 +311,45 @@ def greedy_eval(policy, fmt, catalog, tasks, rcfg, strategy: str = "paraact",
     policy.temperature = temp
   if per_task is not None:
     per_task.extend({"task_id": t.id, "kind": t.kind, "success": bool(e["success"]),
-                     "turns": int(e["turns"])} for t, e in zip(tasks, res.episodes))
+                     "turns": int(e["turns"]),
+                     "calls_per_step": [int(n) for n in e.get("calls_per_step", [])]}
+                    for t, e in zip(tasks, res.episodes))
   return summarize(tasks, res.episodes)
+
+
+def behaviour_by_kind(records: Sequence[dict]) -> dict[str, tuple[float, float]]:
+  """``{kind: (mean turns, calls per execute step)}`` of per-task records
+  (``turns``, ``calls_per_step``: calls of each execute step)."""
+  by = collections.defaultdict(list)
+  for r in records:
+    by[r["kind"]].append(r)
+  out = {}
+  for k, rs in sorted(by.items()):
+    calls = [n for r in rs for n in r.get("calls_per_step", [])]
+    out[k] = (sum(r["turns"] for r in rs) / len(rs), sum(calls) / max(1, len(calls)))
+  return out
+
+
+def oracle_records(tasks, strategy: str = "paraact") -> list[dict]:
+  """Per-task records of the oracle's plan (`toolenv.oracle.solve`) of ``tasks``."""
+  import toolenv  # pylint: disable=g-import-not-at-top
+  out = []
+  for t in tasks:
+    steps = toolenv.oracle.solve(t, strategy)
+    out.append({"task_id": t.id, "kind": t.kind, "success": True, "turns": len(steps),
+                "calls_per_step": [len(s.calls) for s in steps if s.phase == "execute"]})
+  return out
+
+
+def behaviour_table(policy_records: Sequence[dict], oracle_recs: Sequence[dict]) -> list[str]:
+  """Markdown: mean turns and calls per execute step per kind, policy and oracle."""
+  pol, orc = behaviour_by_kind(policy_records), behaviour_by_kind(oracle_recs)
+  lines = ["| kind | turns (policy) | turns (oracle) | calls per execute step (policy) "
+           "| calls per execute step (oracle) |", "|---|---|---|---|---|"]
+  for k in sorted(set(pol) | set(orc)):
+    p, o = pol.get(k, (float("nan"),) * 2), orc.get(k, (float("nan"),) * 2)
+    lines.append(f"| {k} | {p[0]:.2f} | {o[0]:.2f} | {p[1]:.2f} | {o[1]:.2f} |")
+  return lines
 
 
 def write_per_task(path: str, records: Sequence[dict]) -> None:
@@ -490,6 +527,7 @@ def run_rl(config: ml_collections.ConfigDict, workdir: str) -> dict:
   env = toolenv.VectorToolEnv(catalog, num_envs=rl.tasks_per_iter * g, obs_format=obs_format,
                               **toolenv.oracle.env_options(rl.strategy))
   result = last_eval(history)
+  behaviour: list[str] = []
   try:
     if start_it == 0 and rl.eval_every:
       per_task: list[dict] = []
@@ -554,6 +592,7 @@ def run_rl(config: ml_collections.ConfigDict, workdir: str) -> dict:
                              per_task=per_task)
         if primary and final:
           write_per_task(os.path.join(workdir, EVAL_AFTER_FILE), per_task)
+          behaviour = behaviour_table(per_task, oracle_records(eval_tasks, rl.strategy))
         log(it, result, "eval")
         print(f"rl: held-out greedy success {result['success']:.3f} "
               f"(multi-tool {result.get('success_multi_tool', 0.0):.3f})", flush=True)
@@ -575,7 +614,7 @@ def run_rl(config: ml_collections.ConfigDict, workdir: str) -> dict:
   paired = paired_before_after(workdir)
   if paired:
     print("rl: " + paired_lib.format_paired(paired, ("before", "after")), flush=True)
-  report = write_report(workdir, history, result, paired, meta)
+  report = write_report(workdir, history, result, paired, meta, behaviour)
   print(f"rl: report {report}", flush=True)
   return result
 
@@ -590,7 +629,8 @@ CURVE_KEYS = {"success": "train/rollout/success", "traj_reward": "train/rollout/
 
 
 def write_report(workdir: str, history: Sequence[dict], after: dict,
-                 paired: dict | None, meta: dict) -> str:
+                 paired: dict | None, meta: dict,
+                 behaviour: Sequence[str] = ()) -> str:
   """``rl_report.md`` (before/after per kind, the paired comparison) and
   ``rl_curve.jsonl`` (success and each level's mean reward per iteration)."""
   by_it: dict[int, dict] = {}
@@ -617,6 +657,9 @@ def write_report(workdir: str, history: Sequence[dict], after: dict,
     lines.append(f"| {k} | {'-' if b is None else f'{b:.3f}'} | {after.get(k, float('nan')):.3f} |")
   if paired:
     lines += ["", "Paired: " + paired_lib.format_paired(paired, ("before", "after")) + "."]
+  if behaviour:
+    lines += ["", "After RL, per kind, next to the oracle's plan of the same tasks:", "",
+              *behaviour]
   lines += ["", "Learning curve: `rl_curve.png`, `rl_curve.jsonl` (per iteration: rollout "
             "success, mean trajectory / phase / step reward, held-out success where "
             "evaluated); every metric: `metrics.jsonl`.", ""]

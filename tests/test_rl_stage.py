@@ -79,6 +79,7 @@ def test_rl_runs_logs_levels_and_checkpoints(tok_dir, tmp_path):
   assert curve[1]["eval_success"] == out["success"] and "step_reward" in curve[1]
   report = open(os.path.join(d, "rl_report.md")).read()
   assert "| success |" in report and "paired tasks" in report
+  assert "calls per execute step (oracle)" in report
   # Kill/resume and the NaN stop: tests/test_stage_robustness.py.
 
 
@@ -124,6 +125,22 @@ def test_sample_tasks_follows_weights_and_is_deterministic():
   rr.task_sampling = "hardest"
   with pytest.raises(config_utils.ConfigError, match="task_sampling"):
     rl_stage.sample_tasks(gen, 1, 4, kinds, rr, [])
+
+
+def test_behaviour_by_kind_and_oracle_hand_worked():
+  recs = [{"kind": "single", "turns": 3, "calls_per_step": [1]},
+          {"kind": "single", "turns": 5, "calls_per_step": [1, 2]},
+          {"kind": "parallel", "turns": 4, "calls_per_step": []}]
+  assert rl_stage.behaviour_by_kind(recs) == {"single": (4.0, 4 / 3), "parallel": (4.0, 0.0)}
+  gen = toolenv.TaskGenerator(toolenv.load_catalog("procedural", seed=0), seed=0)
+  task = gen.task(0, "test", "parallel")
+  (rec,) = rl_stage.oracle_records([task])
+  # ParaAct oracle of a parallel task: one explore step, one execute step
+  # with every call, the answer.
+  assert rec["turns"] == 3 and rec["calls_per_step"] == [len(task.nodes)]
+  lines = rl_stage.behaviour_table(recs, [rec])
+  assert lines[2].startswith("| parallel | 4.00 | 3.00 | 0.00 |")
+  assert lines[3].startswith("| single | 4.00 | nan |")
 
 
 def test_traj_spread_fraction():
