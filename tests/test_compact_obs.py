@@ -203,6 +203,40 @@ def test_copy_warmup_repeat_rows(sft_config):
         batch_size=2, seq_len=256, seed=1)
 
 
+def test_induction_rows_and_copy_every(sft_config):
+  """``copy_mode="induction"``: prefix, S, sep, S with S's length and offset
+  varying per row; ``copy_every``: copy batches interleaved, no demo skipped."""
+  tok = tokenizer_lib.load_tokenizer(os.path.join(sft_config.data_dir, "tokenizer"))
+  enc = tokenizer_lib.ChatEncoder(tok)
+  sep = enc.encode(f"{tokenizer_lib.IM_END}\n") + enc.generation_prompt_ids()
+  base = demonstrations.make_sft_data(sft_config, split="train", batch_size=2,
+                                      seq_len=256, seed=1)
+  cfg = ml_collections.ConfigDict(dict(sft_config, copy_warmup=2, copy_len=96,
+                                       copy_rows=8, copy_mode="induction", copy_every=3))
+  data = demonstrations.make_sft_data(cfg, split="train", batch_size=2,
+                                      seq_len=256, seed=1)
+  offsets = set()
+  for bt in (data.batch(0), data.batch(1), data.batch(4)):
+    assert bt["tokens"].shape == (8, 96)
+    for r in range(8):
+      row = [int(x) for x in bt["tokens"][r, :int(bt["attention_mask"][r].sum())]]
+      m = int(bt["loss_mask"][r].sum()) + 1           # the second copy's length
+      s1, mid, s2 = row[-2 * m - len(sep):-m - len(sep)], row[-m - len(sep):-m], row[-m:]
+      assert s1 == s2 and mid == sep and len(set(s1)) == m
+      assert bt["loss_mask"][r, len(row) - m + 1:len(row)].all()
+      offsets.add((len(row) - 2 * m - len(sep), m))
+  assert len(offsets) > 4        # prefixes and span lengths vary
+  # After the warm-up: demo, demo, copy, demo, demo, copy ...; demos in order.
+  kinds = ["copy" if data.batch_len(2 + j) == 96 and data.batch(2 + j)["tokens"].shape[0] == 8
+           else "demo" for j in range(6)]
+  assert kinds == ["demo", "demo", "copy", "demo", "demo", "copy"]
+  for j, i in ((0, 0), (1, 1), (3, 2), (4, 3)):
+    np.testing.assert_array_equal(data.batch(2 + j)["tokens"], base.batch(i)["tokens"])
+  with pytest.raises(ValueError, match="copy_every"):
+    demonstrations.make_sft_data(ml_collections.ConfigDict(dict(cfg, copy_every=1)),
+                                 split="train", batch_size=2, seq_len=256, seed=1)
+
+
 @pytest.mark.parametrize("turns,system", [(1, True), (2, True), (1, False)])
 def test_turn_warmup_batches(sft_config, turns, system):
   """Opening-turn rows: the demonstration up to its first ``turns`` assistant

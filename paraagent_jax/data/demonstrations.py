@@ -65,7 +65,12 @@ hosts read disjoint rows and the position is one integer (exact resume).
     is on the second copy). "repeat" rows are what makes induction heads
     form fast: measured on the demo model in the trainer, 32 rows x 65
     tokens go from no copying (8.3 nats) to 0.54 nats in 150 steps (85 s),
-    where "pairs" rows stayed above 3.5 nats after 300.
+    where "pairs" rows stayed above 3.5 nats after 300. "induction": like
+    "repeat", with a random span length and a random prefix, so the copy's
+    offset varies and a fixed-offset shortcut does not solve it.
+  copy_every: after the warm-ups, every this many batches is a copy batch
+    (train split only; default 0: none), so the copying skill is kept while
+    the demonstrations train (copy rows alone at the start were forgotten).
 """
 
 from __future__ import annotations
@@ -84,7 +89,7 @@ from paraagent_jax.data import tfds_builders
 # train.py evaluates on "validation"; the held-out demonstrations are "test".
 _SPLIT_ALIASES = {"train": "train", "validation": "test", "test": "test"}
 OVERLONG_MODES = ("drop", "truncate")
-COPY_MODES = ("pairs", "repeat")
+COPY_MODES = ("pairs", "repeat", "induction")
 BUCKET_WINDOW = 32   # global batches sorted together by length
 
 
@@ -202,7 +207,7 @@ class DemonstrationSFTData:
                copy_len: int = 256, copy_rows: int = 0,
                copy_mode: str = "pairs", turn_warmup: int = 0,
                turn_rows: int = 0, turn_len: int = 384, turn_count: int = 1,
-               turn_system: bool = True):
+               turn_system: bool = True, copy_every: int = 0):
     if not 0.0 <= context_weight <= 1.0:
       raise ValueError(f"context_loss_weight={context_weight} not in [0, 1]")
     self._context_weight = float(context_weight)
@@ -219,6 +224,9 @@ class DemonstrationSFTData:
     if self.turn_warmup < 0 or self.turn_len < 32 or self.turn_count < 1:
       raise ValueError(f"turn_warmup={turn_warmup} must be >= 0, turn_len="
                        f"{turn_len} >= 32 and turn_count={turn_count} >= 1")
+    self.copy_every = int(copy_every)
+    if self.copy_every < 0 or self.copy_every == 1:
+      raise ValueError(f"copy_every={copy_every} must be 0 (off) or >= 2")
     if self.copy_warmup < 0 or self.copy_len < 32:
       raise ValueError(f"copy_warmup={copy_warmup} must be >= 0 and "
                        f"copy_len={copy_len} >= 32")
@@ -305,6 +313,18 @@ class DemonstrationSFTData:
     out.append(perm[n_full:])   # the partial batch stays last
     return np.concatenate(out)
 
+  def _interleaved(self, j: int) -> tuple[bool, int]:
+    """(is a copy batch, its index) of batch ``j`` after the warm-ups.
+
+    With ``copy_every = k``, every k-th batch is a copy batch (copy batch
+    numbers continue after the warm-up's); the others are demonstration
+    batches ``j - j // k``, so no demonstration is skipped.
+    """
+    k = self.copy_every
+    if k and j % k == k - 1:
+      return True, self.copy_warmup + j // k
+    return False, j - (j // k if k else 0)
+
   def batch_len(self, index: int) -> int:
     """Padded length T of batch ``index`` (the same on every host)."""
     if index < self.copy_warmup:
@@ -313,6 +333,9 @@ class DemonstrationSFTData:
     if index < self.turn_warmup:
       return min(self.turn_len, self.seq_len)
     index -= self.turn_warmup
+    is_copy, index = self._interleaved(index)
+    if is_copy:
+      return min(self.copy_len, self.seq_len)
     if not self.buckets:
       return self.seq_len
     g = self.batch_size * self._process_count
@@ -338,8 +361,9 @@ class DemonstrationSFTData:
     rng = np.random.default_rng([self._seed, 7919, index, self._process_index])
     head, mid, tail, n_end = self._copy_glue
     tokens, loss_mask, attention = self._empty_batch(b, t)
-    if self.copy_mode == "repeat":
-      return self._repeat_rows(rng, tokens, loss_mask, attention, mid)
+    if self.copy_mode in ("repeat", "induction"):
+      return self._repeat_rows(rng, tokens, loss_mask, attention, mid,
+                               vary=self.copy_mode == "induction")
     for r in range(b):
       ids, mask = [], []
       while True:
@@ -362,7 +386,7 @@ class DemonstrationSFTData:
       attention[r, :len(ids)] = 1
     return {"tokens": tokens, "loss_mask": loss_mask, "attention_mask": attention}
 
-  def _repeat_rows(self, rng, tokens, loss_mask, attention, sep):
+  def _repeat_rows(self, rng, tokens, loss_mask, attention, sep, vary: bool = False):
     """``copy_mode="repeat"`` rows: ``S sep S`` with the loss on the second S.
 
     S has ``(T - len(sep)) // 2`` distinct tokens drawn uniformly from the
@@ -377,8 +401,14 @@ class DemonstrationSFTData:
                         np.asarray(sorted(self._special), np.int32))
     n = min(n, len(pool))
     for r in range(b):
-      span = rng.choice(pool, size=n, replace=False).astype(np.int32)
-      row = np.concatenate([span, np.asarray(sep, np.int32), span])[:t]
+      # vary ("induction"): a random-length span after a random-length
+      # prefix of random tokens, so the copy's offset differs row to row and
+      # only matching content (not a fixed relative position) finds it.
+      m = int(rng.integers(max(4, n // 4), n + 1)) if vary else n
+      span = rng.choice(pool, size=m, replace=False).astype(np.int32)
+      pre = (rng.choice(pool, size=int(rng.integers(0, n - m + 1)) * 2).astype(np.int32)
+             if vary else np.zeros(0, np.int32))
+      row = np.concatenate([pre, span, np.asarray(sep, np.int32), span])[:t]
       tokens[r, :len(row)] = row
       attention[r, :len(row)] = 1
       loss_mask[r, len(row) - len(span) + 1:len(row)] = 1
@@ -422,7 +452,9 @@ class DemonstrationSFTData:
     if index < self.copy_warmup + self.turn_warmup:
       return self.turn_batch(index - self.copy_warmup)
     b, t = self.batch_size, self.batch_len(index)
-    index -= self.copy_warmup + self.turn_warmup
+    is_copy, index = self._interleaved(index - self.copy_warmup - self.turn_warmup)
+    if is_copy:
+      return self.copy_batch(index)
     tokens, loss_mask, attention = self._empty_batch(b, t)
     first = (index * self._process_count + self._process_index) * b
     for r in range(b):
@@ -526,7 +558,8 @@ def make_sft_data(data_config, *, split: str, batch_size: int, seq_len: int,
       turn_rows=int(_get(data_config, "turn_rows", 0)) // process_count,
       turn_len=int(_get(data_config, "turn_len", 384)),
       turn_count=int(_get(data_config, "turn_count", 1)),
-      turn_system=bool(_get(data_config, "turn_system", True)))
+      turn_system=bool(_get(data_config, "turn_system", True)),
+      copy_every=int(_get(data_config, "copy_every", 0)) if split == "train" else 0)
   print(f"demonstrations[{split}]: {data.num_examples} examples, "
         f"{data.num_dropped} dropped and {data.num_truncated} truncated "
         f"(over {seq_len} tokens), vocab {data.vocab_size}", flush=True)
