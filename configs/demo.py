@@ -64,8 +64,8 @@ def get_config(arg=None):
   c.data.source = "demonstrations"
   c.data.catalog = "procedural"
   c.data.backend = "scripted"
-  # The long SFT sees each of 8,000 demonstrations about once (1,050 steps
-  # x 8 rows); the pipeline from the shipped policy needs only the tasks.
+  # The long SFT sees about half of 8,000 demonstrations (450 steps x 8
+  # rows); the pipeline from the shipped policy needs only the tasks.
   c.data.num_tasks = 8000 if a.from_scratch or a.stage == "sft" else 1600
   c.data.data_dir = ""              # "" = WORKDIR/demos (pipeline) or built
   # "" = train the demo BPE on the train split (copyable pieces:
@@ -90,22 +90,26 @@ def get_config(arg=None):
   c.data.imperfection = 1.0
   c.data.obs_format = "full"
   c.data.context_loss_weight = 0.0
-  # Induction first: 250 batches of 32 "S sep S" rows of random tokens
-  # (`copy_mode="repeat"`) before the demonstrations. At lr 3e-3 the copy
-  # loss falls from 8.3 to 0.05 nats in ~180 steps (~3 minutes): the model
-  # starts on the demonstrations able to copy, which is most of the task.
+  # First 250 batches of 32 "S sep S" rows of random tokens
+  # (`copy_mode="repeat"`). At lr 3e-3 the copy loss falls from 8.3 to 0.05
+  # nats in ~180 steps, but by a fixed-offset copy, not induction: S always
+  # has the same length, and the trained model copies 0% of rows whose S
+  # has another length or offset (`copy_mode="induction"`; docs/cpu_demo.md
+  # section 3). Kept because the recipe below was measured with it.
   c.data.copy_warmup = 250
   c.data.copy_rows = 32
   c.data.copy_len = 128
   c.data.copy_mode = "repeat"
-  # Then opening turns: 350 batches of 64 demonstrations cut after their
+  # Then opening turns: 700 batches of 64 demonstrations cut after their
   # first assistant turn, without the system prompt (~130 tokens a row), so
   # the search queries that copy the provider name from the instruction are
   # dense and the instruction is near. On whole rows alone the model copied
   # 2% of the first tokens of instruction words after 400 steps, and 1%
   # after 200 batches of opening turns *with* the system prompt; 200 more
   # without it raised that to 28% (47% on short rows; docs/cpu_demo.md).
-  c.data.turn_warmup = 350
+  # The loss of these rows drops (0.4 -> 0.1) when the policy starts to copy
+  # the provider name: at step ~520 in run L5, ~620 in L7; 700 leaves room.
+  c.data.turn_warmup = 700
   c.data.turn_rows = 64
   c.data.turn_len = 192
   c.data.turn_count = 1
