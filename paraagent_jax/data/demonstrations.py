@@ -60,14 +60,15 @@ hosts read disjoint rows and the position is one integer (exact resume).
     (default 1) assistant turns, ``turn_rows`` rows (default ``batch_size``)
     of ``turn_len`` tokens (default 384). See `DemonstrationSFTData.turn_batch`.
   copy_mode: "pairs" (default: short user/assistant spans in the chat
-    format) or "repeat" (the classic induction task: a span of distinct
-    random non-special tokens, a separator, the same span again; the loss
-    is on the second copy). "repeat" rows are what makes induction heads
-    form fast: measured on the demo model in the trainer, 32 rows x 65
-    tokens go from no copying (8.3 nats) to 0.54 nats in 150 steps (85 s),
-    where "pairs" rows stayed above 3.5 nats after 300. "induction": like
-    "repeat", with a random span length and a random prefix, so the copy's
-    offset varies and a fixed-offset shortcut does not solve it.
+    format), "repeat" (a span of distinct random non-special tokens, a
+    separator, the same span again; the loss is on the second copy) or
+    "induction" (like "repeat" with a random span length after a random
+    prefix). "repeat" rows are learnt fast (32 rows x 65 tokens: 8.3 ->
+    0.54 nats in 150 steps, where "pairs" rows stayed above 3.5 nats after
+    300), but by a fixed-offset copy: S always has the same length, and the
+    model copies 0% of "induction" rows. Only "induction" rows need (and
+    teach) an induction head, which forms far more slowly
+    (docs/cpu_demo.md, section 3).
   copy_every: after the warm-ups, every this many batches is a copy batch
     (train split only; default 0: none), so the copying skill is kept while
     the demonstrations train (copy rows alone at the start were forgotten).
