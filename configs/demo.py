@@ -100,6 +100,7 @@ def get_config(arg=None):
   c.data.copy_rows = 32
   c.data.copy_len = 128
   c.data.copy_mode = "repeat"
+  c.data.copy_every = 0             # no copy batches among the demonstrations
   # Then opening turns: 700 batches of 64 demonstrations cut after their
   # first assistant turn, without the system prompt (~130 tokens a row), so
   # the search queries that copy the provider name from the instruction are
