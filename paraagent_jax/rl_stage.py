@@ -133,7 +133,7 @@ def run_meta(config, levels: Sequence[str]) -> dict[str, Any]:
   return {"levels": list(levels), "normalize": rl.grpo.normalize,
           "strategy": rl.strategy, "group_size": int(rl.group_size),
           "tasks_per_iter": int(rl.tasks_per_iter), "passes": int(rl.passes),
-          "task_sampling": str(rl.get("task_sampling", "round_robin")),
+          "task_sampling": task_sampling(rl),
           "temperature": float(rl.temperature), "seed": int(config.seed),
           "init_from": config.init_from}
 
@@ -227,6 +227,16 @@ def kind_weights(history: Sequence[dict], kinds: Sequence[str], group_size: int,
   return out
 
 
+def task_sampling(rl) -> str:
+  """``rl.task_sampling``, checked (a `ConfigError` names the choices)."""
+  mode = rl.get("task_sampling", "round_robin")
+  if mode not in TASK_SAMPLING:
+    from paraagent_jax import config_utils  # pylint: disable=g-import-not-at-top
+    raise config_utils.ConfigError(
+        f"rl.task_sampling={mode!r}; expected one of {TASK_SAMPLING}")
+  return mode
+
+
 def sample_tasks(gen, it: int, n: int, kinds: Sequence[str], rl, history: Sequence[dict],
                  seed: int = 0):
   """The ``n`` train tasks of iteration ``it`` (1-based), per ``rl.task_sampling``.
@@ -237,11 +247,7 @@ def sample_tasks(gen, it: int, n: int, kinds: Sequence[str], rl, history: Sequen
   same tasks.
   """
   import random  # pylint: disable=g-import-not-at-top
-  mode = rl.get("task_sampling", "round_robin")
-  if mode not in TASK_SAMPLING:
-    from paraagent_jax import config_utils  # pylint: disable=g-import-not-at-top
-    raise config_utils.ConfigError(
-        f"rl.task_sampling={mode!r}; expected one of {TASK_SAMPLING}")
+  mode = task_sampling(rl)
   start = (it - 1) * n
   if mode == "round_robin":
     return draw_tasks(gen, "train", start, n, kinds)
@@ -458,9 +464,7 @@ def run_rl(config: ml_collections.ConfigDict, workdir: str) -> dict:
   from paraagent_jax.rl import train_step as ts
   # pylint: enable=g-import-not-at-top
   rl = config.rl
-  if rl.get("task_sampling", "round_robin") not in TASK_SAMPLING:
-    raise config_utils.ConfigError(
-        f"rl.task_sampling={rl.task_sampling!r}; expected one of {TASK_SAMPLING}")
+  task_sampling(rl)   # checked before the evaluation, not at iteration 1
   tpath = tokenizer_path(config)
   if not tpath or not os.path.exists(tpath):
     raise config_utils.ConfigError(
