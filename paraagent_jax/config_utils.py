@@ -277,6 +277,7 @@ def train_defaults() -> ml_collections.ConfigDict:
   c.optimizer.total_steps = 0   # schedule length; 0 = total_steps
   c.optimizer.schedule = "cosine"
   c.optimizer.end_lr_ratio = 0.1
+  c.optimizer.decay_steps = 0   # "wsd": length of the final decay (0 = last 20%)
   c.optimizer.weight_decay = 0.0
   c.optimizer.max_grad_norm = 1.0
 

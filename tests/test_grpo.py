@@ -224,6 +224,26 @@ def test_schedule_warmup_then_cosine():
   with pytest.raises(ValueError, match="unknown"):
     ts.config_from_mapping(ts.OptimizerConfig, {"lr": 1.0})
 
+def test_schedule_warmup_stable_decay():
+  """wsd: warmup, the peak until the last decay_steps, then linear to the end
+  ratio; its stable part does not depend on total_steps (a longer run
+  continues a shorter one exactly)."""
+  cfg = dict(learning_rate=2.0, warmup_steps=4, total_steps=24, end_lr_ratio=0.1,
+             schedule="wsd", decay_steps=10)
+  sched = ts.make_schedule(cfg)
+  assert float(sched(2)) == pytest.approx(1.0)
+  assert [float(sched(s)) for s in (4, 9, 14)] == pytest.approx([2.0, 2.0, 2.0])
+  assert float(sched(19)) == pytest.approx(2.0 - 0.5 * (2.0 - 0.2))
+  assert float(sched(24)) == pytest.approx(0.2)
+  longer = ts.make_schedule(dict(cfg, total_steps=100))
+  assert [float(longer(s)) for s in range(15)] == pytest.approx(
+      [float(sched(s)) for s in range(15)])
+  # decay_steps = 0: the last 20% of the steps after the warmup.
+  default = ts.make_schedule(dict(cfg, decay_steps=0))
+  assert float(default(20)) == pytest.approx(2.0)
+  assert float(default(22)) == pytest.approx(2.0 - 0.5 * 1.8)
+
+
 
 def run_steps(mesh, cfg, n_steps=2, kind="grpo", seed=0):
   """n optimizer steps of TinyLM on a fresh model; returns (params, metrics)."""

@@ -40,7 +40,7 @@ except ImportError:  # Only while the sharding module has not landed.
   shd = None
 
 DEFAULT_BATCH_AXES = ("data", "fsdp")
-SCHEDULES = ("cosine", "linear", "constant")
+SCHEDULES = ("cosine", "linear", "constant", "wsd")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,8 +51,13 @@ class OptimizerConfig:
     learning_rate: peak learning rate.
     warmup_steps: linear warmup from 0 to the peak.
     total_steps: length of the schedule (warmup included).
-    schedule: "cosine", "linear" or "constant" after the warmup.
+    schedule: "cosine", "linear" or "constant" after the warmup, or "wsd"
+      (warmup-stable-decay: constant at the peak, then a linear decay to
+      ``end_lr_ratio`` over the last ``decay_steps``). Under "constant" and
+      "wsd" the first steps do not depend on ``total_steps``, so a longer
+      run continues a shorter one exactly (up to its decay).
     end_lr_ratio: final learning rate as a fraction of the peak.
+    decay_steps: "wsd" only: length of the final decay (0 = the last 20%).
     weight_decay: decoupled weight decay (not applied to vectors: norms,
       biases).
     b1: Adam beta1.
@@ -66,6 +71,7 @@ class OptimizerConfig:
   total_steps: int = 1000
   schedule: str = "cosine"
   end_lr_ratio: float = 0.1
+  decay_steps: int = 0
   weight_decay: float = 0.0
   b1: float = 0.9
   b2: float = 0.999
@@ -93,7 +99,7 @@ def config_from_mapping(cls, values: Mapping[str, Any] | None):
 
 
 def make_schedule(config: OptimizerConfig) -> optax.Schedule:
-  """Warmup then cosine / linear decay / constant learning-rate schedule."""
+  """Warmup then cosine / linear decay / constant / stable-then-decay schedule."""
   cfg = config_from_mapping(OptimizerConfig, config)
   if cfg.schedule not in SCHEDULES:
     raise ValueError(f"schedule={cfg.schedule!r}; choose from {SCHEDULES}")
@@ -104,6 +110,12 @@ def make_schedule(config: OptimizerConfig) -> optax.Schedule:
     after = optax.cosine_decay_schedule(peak, decay, alpha=cfg.end_lr_ratio)
   elif cfg.schedule == "linear":
     after = optax.linear_schedule(peak, end, decay)
+  elif cfg.schedule == "wsd":
+    tail = int(cfg.decay_steps) if cfg.decay_steps > 0 else max(decay // 5, 1)
+    tail = min(tail, decay)
+    after = optax.join_schedules(
+        [optax.constant_schedule(peak), optax.linear_schedule(peak, end, tail)],
+        [decay - tail])
   else:
     after = optax.constant_schedule(peak)
   if warm == 0:
