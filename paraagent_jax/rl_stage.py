@@ -51,6 +51,7 @@ from typing import Any, Sequence
 
 import ml_collections
 
+from paraagent_jax import interrupts
 from paraagent_jax.evaluation import paired as paired_lib
 
 KINDS = "single,parallel,chain,fanout,mixed"
@@ -600,12 +601,16 @@ def run_rl(config: ml_collections.ConfigDict, workdir: str) -> dict:
         log(it, result, "eval")
         print(f"rl: held-out greedy success {result['success']:.3f} "
               f"(multi-tool {result.get('success_multi_tool', 0.0):.3f})", flush=True)
-      if final or (rl.ckpt_every > 0 and it % rl.ckpt_every == 0):
+      stop = bool(interrupts.requested())
+      if final or stop or (rl.ckpt_every > 0 and it % rl.ckpt_every == 0):
         # The history rides in the checkpoint's JSON: the curve on disk can
         # always be rebuilt to match the parameters it resumes from.
         t.checkpointer.save(
             t.step, t.state, t.opt_state, rng=t.rng, force=True,
             data_state={"iteration": it, "meta": meta, "history": list(history)})
+      if stop and not final:
+        raise interrupts.Interrupted(f"at rl iteration {it}",
+                                     f"resume from iteration {it}")
   finally:
     writer.close()
     t.checkpointer.close()

@@ -46,10 +46,12 @@ import numpy as np
 
 from paraagent_jax import checkpoint as ckpt_lib
 from paraagent_jax import config_utils
+from paraagent_jax import interrupts
 from paraagent_jax import metrics as metrics_lib
 from paraagent_jax import rl_stage
 from paraagent_jax import sft_stage
 from paraagent_jax import sharding as shd
+from paraagent_jax import workdir_lock
 from paraagent_jax.models import qwen3
 from paraagent_jax.rl import sft_loss
 from paraagent_jax.rl import train_step as ts
@@ -417,14 +419,20 @@ def run_sft(config, workdir: str) -> dict[str, float]:
         writer.tick(step)
       if config.eval_every and (step % config.eval_every == 0 or final):
         writer.write(step, evaluate(eval_step, t, config, mesh), "eval")
+      stop = bool(interrupts.requested())
       t.checkpointer.save(step, t.state, t.opt_state,
-                          data_state=data.state(), rng=t.rng, force=final)
+                          data_state=data.state(), rng=t.rng, force=final or stop)
+      if stop and not final:
+        raise interrupts.Interrupted(f"at step {step}", f"resume from step {step}")
   finally:
     writer.close()
     t.checkpointer.close()
   if last:
     print(f"sft: done at step {t.step}, loss {last.get('loss', float('nan')):.6f}"
           f", {last.get('tokens_per_sec', 0.0):.0f} tokens/s", flush=True)
+  if interrupts.requested():
+    raise interrupts.Interrupted(f"after the last step ({t.step}, saved)",
+                                 "run the held-out evaluation")
   if config.get("sft_eval_tasks", 0):
     last.update({f"eval/{k}": v for k, v in sft_stage.greedy_eval(
         config, workdir, t.graphdef, t.state).items()})
@@ -472,6 +480,9 @@ def run_pipeline(config, workdir: str) -> dict:
     results[stage] = STAGES[stage](stage_cfg, sub) or {}
     with open(done, "w") as f:
       json.dump({"stage": stage, "result": results[stage]}, f, default=str)
+    if interrupts.requested() and stage != config.pipeline.stages[-1]:
+      raise interrupts.Interrupted(f"after stage {stage} (done)",
+                                   "go on from the next stage")
   print(pipeline_summary(config, workdir), flush=True)
   return results
 
@@ -563,10 +574,23 @@ def main(argv) -> None:
   try:
     config = config_utils.load_config(_CONFIG.value)
     maybe_initialize_distributed(config)
-    run(config, os.path.abspath(_WORKDIR.value))
+    workdir = os.path.abspath(_WORKDIR.value)
+    # One run per workdir (primary host only: the hosts of a job share it).
+    with workdir_lock.held(workdir, enabled=jax.process_index() == 0), \
+        interrupts.graceful():
+      run(config, workdir)
   except USER_ERRORS as e:
     sys.stdout.flush()
     sys.exit(f"paraagent_jax.train: error: {' '.join(str(e).split())}")
+  except interrupts.Interrupted as e:
+    sys.stdout.flush()
+    print(f"paraagent_jax.train: {e}", file=sys.stderr, flush=True)
+    sys.exit(130)
+  except KeyboardInterrupt:
+    sys.stdout.flush()
+    print("paraagent_jax.train: interrupted; rerun the same command to resume "
+          "from the last checkpoint", file=sys.stderr, flush=True)
+    sys.exit(130)
 
 
 if __name__ == "__main__":

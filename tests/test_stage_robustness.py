@@ -118,6 +118,32 @@ def reference(tok_dir, env, tmp_path_factory):
   return workdir
 
 
+def test_sigint_saves_the_iteration_and_rerun_ends_like_an_uninterrupted_run(
+    tok_dir, env, reference, tmp_path):
+  """Ctrl-C in RL: the iteration under way finishes and is saved, one line,
+  exit 130; the rerun resumes from it and ends bit for bit like the reference."""
+  workdir = str(tmp_path / "interrupted")
+  proc = subprocess.Popen(cmd(tok_dir, workdir), cwd=ROOT, env=env, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  deadline = time.monotonic() + 2400
+  while not os.path.isdir(os.path.join(workdir, "checkpoints", "1")):
+    assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint appeared"
+    time.sleep(0.02)
+  proc.send_signal(signal.SIGINT)
+  _, err = proc.communicate(timeout=2400)
+  lines = [l for l in err.splitlines() if l.strip()]
+  assert proc.returncode == 130 and len(lines) == 1, err[-3000:]
+  it = int(lines[0].split("interrupted at rl iteration ")[1].split(";")[0])
+  assert lines[0].endswith(f"rerun the same command to resume from iteration {it}")
+  assert 1 <= it < ITERATIONS, "the interrupt landed after the run ended"
+  assert ckpt_lib.Checkpointer(workdir).all_steps()[-1] == it
+  out = run(env, cmd(tok_dir, workdir))
+  assert f"resumed at iteration {it}/" in out.stdout
+  for a, b in zip(model_leaves(reference, ITERATIONS), model_leaves(workdir, ITERATIONS)):
+    np.testing.assert_array_equal(a, b)
+  assert records(workdir) == records(reference)
+
+
 def test_sigkill_mid_run_and_rerun_ends_exactly_like_an_uninterrupted_run(
     tok_dir, env, reference, tmp_path):
   workdir = str(tmp_path / "killed")

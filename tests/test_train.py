@@ -128,6 +128,37 @@ def test_sigkill_and_rerun_ends_with_the_same_loss(reference_run, tmp_path):
     np.testing.assert_array_equal(a, b)
 
 
+def test_sigint_saves_the_step_and_rerun_ends_with_the_same_loss(reference_run, tmp_path):
+  """Ctrl-C: the step under way finishes and is saved, one line, exit 130;
+  rerunning resumes from exactly that step and ends where an uninterrupted
+  run does."""
+  workdir = str(tmp_path / "interrupted")
+  proc = subprocess.Popen(train_cmd(workdir), cwd=ROOT, env=_env(), text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  deadline = time.monotonic() + 240
+  while not os.path.isdir(os.path.join(workdir, "checkpoints", "10")):
+    assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint appeared"
+    time.sleep(0.02)
+  proc.send_signal(signal.SIGINT)
+  out, err = proc.communicate(timeout=240)
+  assert proc.returncode == 130, err[-3000:]
+  assert "Traceback" not in err, err[-3000:]
+  lines = [l for l in err.splitlines() if l.strip()]
+  assert len(lines) == 1, err[-3000:]
+  step = int(lines[0].split("interrupted at step ")[1].split(";")[0])
+  assert lines[0] == (f"paraagent_jax.train: interrupted at step {step}; rerun the "
+                      f"same command to resume from step {step}")
+  assert 10 <= step < STEPS, "the interrupt landed after the run ended"
+  assert "stopping after the current step" in out
+  assert os.path.isdir(os.path.join(workdir, "checkpoints", str(step)))
+  assert not os.path.exists(os.path.join(workdir, ".lock"))
+  rerun = run_train(workdir)
+  assert f"resumed at step {step}/" in rerun.stdout
+  assert losses(workdir)[STEPS] == losses(reference_run)[STEPS]
+  for a, b in zip(model_arrays(reference_run, STEPS), model_arrays(workdir, STEPS)):
+    np.testing.assert_array_equal(a, b)
+
+
 def test_corrupt_checkpoint_stops_with_one_line(reference_run, tmp_path):
   workdir = str(tmp_path / "corrupt")
   dst = os.path.join(workdir, "checkpoints", "30")
