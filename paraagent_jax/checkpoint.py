@@ -248,6 +248,25 @@ def find_checkpoint(path: str) -> tuple[str, int] | None:
   return None
 
 
+PIPELINE_STAGES = ("rl", "sft")   # the stages that hold a model, last first
+
+
+def pipeline_hint(path: str) -> str:
+  """For a pipeline's root directory (no checkpoint of its own, stage
+  directories below), the sentence that points at the stage to use; else "".
+  """
+  if not os.path.isdir(path) or find_checkpoint(path) is not None:
+    return ""
+  for stage in PIPELINE_STAGES:
+    sub = os.path.join(path, stage)
+    if find_checkpoint(sub) is not None:
+      return (f"{path} is a pipeline directory; its model is in {sub} "
+              f"(use {sub}, or {os.path.join(path, 'sft')} for the SFT policy)"
+              if stage == "rl" else
+              f"{path} is a pipeline directory; its model is in {sub}")
+  return ""
+
+
 def restore_model_state(path: str, abstract_model):
   """Model weights only, from an Orbax checkpoint (``init_from``).
 

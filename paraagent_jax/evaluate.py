@@ -157,6 +157,11 @@ def run(config, workdir: str, checkpoint: str = "") -> dict:
     raise config_utils.ConfigError("policy=checkpoint needs --checkpoint=DIR")
   if checkpoint and not os.path.exists(checkpoint):
     raise config_utils.ConfigError(f"--checkpoint={checkpoint}: no such directory")
+  if checkpoint:
+    from paraagent_jax import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+    hint = ckpt_lib.pipeline_hint(checkpoint)
+    if hint:
+      raise config_utils.ConfigError(f"--checkpoint={checkpoint}: {hint}")
   known = ("toolenv", "bfcl", "stabletoolbench")
   for bench in [b for b in config.benchmarks.split(",") if b]:
     if bench not in known:

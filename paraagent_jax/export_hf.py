@@ -167,6 +167,9 @@ def export(workdir: str, out_dir: str, step: int | None = None,
   """Library entry point: writes the HF directory; returns a summary dict."""
   from paraagent_jax import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
   workdir = os.path.abspath(workdir)
+  hint = ckpt_lib.pipeline_hint(workdir)
+  if hint:
+    raise ExportError(f"--workdir={workdir}: {hint}")
   config = load_run_config(workdir)
   tok_path = tokenizer_dir(config)
   tokenizer = tok_lib.load_tokenizer(tok_path) if tok_path else None

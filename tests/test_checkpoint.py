@@ -151,3 +151,26 @@ def test_init_from_model_weights(tmp_path, mesh):
   assert ckpt_lib.find_checkpoint(str(tmp_path)) is None
   with pytest.raises(ckpt_lib.CheckpointError, match="no Orbax checkpoint"):
     ckpt_lib.restore_model_state(str(tmp_path), abstract_of(state))
+
+
+def test_pipeline_root_points_at_its_stage(tmp_path):
+  """evaluate --checkpoint / export_hf --workdir at a pipeline's root name the
+  stage directory that holds the model instead of failing on a tokenizer."""
+  from paraagent_jax import config_utils, evaluate, export_hf  # pylint: disable=g-import-not-at-top
+  root = tmp_path / "demo"
+  os.makedirs(root / "demos")
+  os.makedirs(root / "sft" / "checkpoints" / "40" / "model")
+  assert "its model is in " + str(root / "sft") in ckpt_lib.pipeline_hint(str(root))
+  os.makedirs(root / "rl" / "checkpoints" / "3" / "model")
+  hint = ckpt_lib.pipeline_hint(str(root))
+  assert "its model is in " + str(root / "rl") in hint
+  # A run directory, a step directory and an empty directory get no hint.
+  for path in (root / "rl", root / "rl" / "checkpoints" / "3", tmp_path / "none"):
+    assert ckpt_lib.pipeline_hint(str(path)) == ""
+  with pytest.raises(export_hf.ExportError, match="pipeline directory.*rl"):
+    export_hf.export(str(root), str(tmp_path / "out"))
+  assert not os.path.exists(tmp_path / "out")
+  cfg = config_utils.load_config(os.path.join(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__))), "configs", "evaluate.py"))
+  with pytest.raises(config_utils.ConfigError, match="pipeline directory.*rl"):
+    evaluate.run(cfg, str(tmp_path / "eval"), checkpoint=str(root))

@@ -86,6 +86,8 @@ def test_export_loads_in_transformers_and_roundtrip_is_exact(tmp_path):
   assert cfg["architectures"] == ["Qwen3ForCausalLM"]
   assert cfg["torch_dtype"] == "float32"
   assert os.path.isfile(os.path.join(out, "generation_config.json"))
+  # Readable by others like the JSON beside it (safetensors writes 0600).
+  assert os.stat(os.path.join(out, hf_io.SINGLE_FILE)).st_mode & 0o777 == 0o644
   back = transformers.AutoModelForCausalLM.from_pretrained(
       out, local_files_only=True).eval()
   # Tensor for tensor, the export equals what transformers wrote.

@@ -350,6 +350,9 @@ def save_hf(model: qwen3.Qwen3, out_dir: str, tokenizer=None,
   for name, tensors in zip(names, shards):
     st_numpy.save_file(tensors, os.path.join(out_dir, name),
                        metadata={"format": "pt"})
+    # safetensors creates its files 0600; an export is meant to be shared
+    # (copied to a hub, read by other users), like the JSON files beside it.
+    os.chmod(os.path.join(out_dir, name), 0o644)
     for k, w in tensors.items():
       weight_map[k] = name
       total += w.nbytes
