@@ -40,6 +40,9 @@ _CHECKPOINT = flags.DEFINE_string("checkpoint", "", "Training workdir or HF dir 
                                   "to evaluate (sets policy=checkpoint).")
 _COMPARE = flags.DEFINE_list("compare", [], "Workdirs (or report.json files) to "
                              "put side by side instead of evaluating.")
+_TRANSCRIPTS = flags.DEFINE_integer("transcripts", 0, "Print this many example "
+                                    "transcripts (one solved and one failed per "
+                                    "kind first) after the table.")
 
 
 def load_checkpoint_model(path: str, vocab_size: int):
@@ -136,7 +139,7 @@ def _tokenizer(config, checkpoint: str, workdir: str = ""):
                                  "with tokenizer.json)")
 
 
-def run(config, workdir: str, checkpoint: str = "") -> dict:
+def run(config, workdir: str, checkpoint: str = "", transcripts: int = 0) -> dict:
   """Runs every (strategy, benchmark) of ``config``; writes and returns the report."""
   # pylint: disable=g-import-not-at-top
   import toolenv
@@ -241,7 +244,13 @@ def run(config, workdir: str, checkpoint: str = "") -> dict:
       raise config_utils.ConfigError(f"benchmarks: unknown {bench!r}; expected "
                                      "toolenv, bfcl or stabletoolbench")
   rep = report_lib.write_report(records, workdir)
-  print(report_lib.markdown_table(report_lib.build_report(records)), flush=True)
+  report = report_lib.build_report(records)
+  print(report_lib.markdown_table(report, transcripts=False), flush=True)
+  for ex in report["transcripts"][:max(0, int(transcripts))]:
+    print(report_lib.format_transcript(ex, max_chars=0) + "\n", flush=True)
+  print(f"evaluate: report {rep['markdown']} (with example transcripts), "
+        f"{rep['json']}; per-task records with transcripts in {workdir}/records",
+        flush=True)
   return rep
 
 
@@ -265,7 +274,8 @@ def main(argv) -> None:
     if not _WORKDIR.value:
       sys.exit("paraagent_jax.evaluate: error: --workdir is required")
     config = config_utils.load_config(_CONFIG.value or DEFAULT_CONFIG)
-    run(config, os.path.abspath(_WORKDIR.value), _CHECKPOINT.value)
+    run(config, os.path.abspath(_WORKDIR.value), _CHECKPOINT.value,
+        transcripts=_TRANSCRIPTS.value)
   except (config_utils.ConfigError, ckpt_lib.CheckpointError, OSError) as e:
     sys.exit(f"paraagent_jax.evaluate: error: {' '.join(str(e).split())}")
 

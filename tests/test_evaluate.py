@@ -39,6 +39,32 @@ def test_oracle_scores_100_percent_under_every_strategy(oracle_run):
     assert os.path.exists(os.path.join(d, f))
 
 
+def test_records_carry_transcripts_and_the_report_shows_them(oracle_run, capsys):
+  d, _ = oracle_run
+  recs = runner.read_records(runner.records_path(d, "toolenv-procedural", "oracle",
+                                                 "paraact"))
+  for r in recs:
+    roles = [t["role"] for t in r["transcript"]]
+    assert roles[0] == "task" and roles[1:] == ["assistant", "observation"] * (
+        r["turns"] - 1) + ["assistant"], roles
+    assert r["transcript"][-1]["text"].strip()     # the answer turn, as written
+  # The instruction is the first thing the policy read.
+  assert all(len(r["transcript"][0]["text"]) > 20 for r in recs)
+  with open(os.path.join(d, "report.md")) as f:
+    md = f.read()
+  assert "Transcripts (one solved and one failed per kind" in md
+  # The oracle solves everything: one solved example per (strategy, kind).
+  assert md.count(": solved\n[task]") == 4 * 5 and ": failed\n" not in md
+  # --transcripts=N prints N after the compact table (no transcripts in it).
+  capsys.readouterr()
+  evaluate.run(small_config(strategies="paraact"), d, transcripts=2)
+  out = capsys.readouterr().out
+  assert out.count(": solved\n[task]") == 2
+  assert "report " + os.path.join(d, "report.md") in out
+  table = out.split("toolenv-procedural / oracle")[0]
+  assert "Transcripts" not in table
+
+
 def test_interrupted_evaluation_resumes_to_the_same_records(oracle_run, tmp_path):
   d, _ = oracle_run
   src = runner.records_path(d, "toolenv-procedural", "oracle", "paraact")

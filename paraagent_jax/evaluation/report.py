@@ -148,7 +148,40 @@ def build_report(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "per_kind": per_kind,
     })
   report["notes"] = notes_for(r["benchmark"] for r in report["runs"])
+  report["transcripts"] = example_transcripts(records)
   return report
+
+
+def example_transcripts(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+  """One solved and one failed episode per (benchmark, strategy, policy, kind),
+  where they exist and carry a transcript (records from before transcripts
+  were recorded have none)."""
+  out = []
+  for (bench, strategy, policy, kind), recs in group_records(
+      records, ("benchmark", "strategy", "policy", "kind")).items():
+    for solved in (True, False):
+      r = next((r for r in recs if bool(r.get("success")) == solved
+                and r.get("transcript")), None)
+      if r is not None:
+        out.append({"benchmark": bench, "strategy": strategy, "policy": policy,
+                    "kind": kind, "task_id": r.get("task_id"), "success": solved,
+                    "transcript": r["transcript"]})
+  return out
+
+
+def format_transcript(example: dict[str, Any], max_chars: int = 800) -> str:
+  """A transcript as plain text: a header, then each turn with its role
+  (long turns cut to ``max_chars``; 0 = whole)."""
+  head = (f"{example.get('benchmark')} / {example.get('policy')} / "
+          f"{example.get('strategy')} / {example.get('kind')} / task "
+          f"{example.get('task_id')}: {'solved' if example.get('success') else 'failed'}")
+  lines = [head]
+  for turn in example.get("transcript") or []:
+    text = str(turn.get("text", ""))
+    if max_chars and len(text) > max_chars:
+      text = text[:max_chars] + f" [... {len(text) - max_chars} more characters]"
+    lines.append(f"[{turn.get('role')}] {text}")
+  return "\n".join(lines)
 
 
 def notes_for(benchmarks: Iterable[Any]) -> dict[str, str]:
@@ -247,7 +280,7 @@ def _kind_behaviour_table(runs) -> list[str]:
       runs, lambda v: f"{_fmt(v.get('turns'))} / {_fmt(v.get('calls_per_execute_step'))}")
 
 
-def markdown_table(report: dict[str, Any]) -> str:
+def markdown_table(report: dict[str, Any], transcripts: bool = True) -> str:
   """Renders the report as markdown.
 
   Per benchmark, a main table (one row per run: success with its 95% CI, the
@@ -255,7 +288,8 @@ def markdown_table(report: dict[str, Any]) -> str:
   the behaviour means and the three reward levels); then a per-kind table
   for all runs (n and success with Wilson CI), one of mean turns and calls
   per execute step per kind; then the comparability notes
-  of the benchmarks present.
+  of the benchmarks present; then (``transcripts``) one solved and one failed
+  transcript per kind.
   """
   runs = report["runs"]
   by_bench = group_records(runs, ("benchmark",))
@@ -275,6 +309,12 @@ def markdown_table(report: dict[str, Any]) -> str:
   notes = report.get("notes") or notes_for(r["benchmark"] for r in runs)
   if notes:
     lines += ["", "Notes:", ""] + [f"* {v}" for v in notes.values()]
+  examples = report.get("transcripts") or []
+  if examples and transcripts:
+    lines += ["", "Transcripts (one solved and one failed per kind, where they exist; "
+              "long turns cut):"]
+    for ex in examples:
+      lines += ["", "```", format_transcript(ex), "```"]
   return "\n".join(lines) + "\n"
 
 

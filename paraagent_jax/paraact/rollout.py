@@ -68,8 +68,14 @@ class RolloutResult:
     return batch_lib.TrajectoryBatch(**{k: jnp.asarray(v) for k, v in self.arrays.items()})
 
 
+# Observations longer than this are cut in a record's transcript (the policy
+# saw at most rollout.max_obs_tokens of them anyway).
+TRANSCRIPT_OBS_CHARS = 3000
+
+
 def _episode_record(task, buf: ep.EpisodeBuffer, steps: list[toolenv.Step],
-                    rewards: dict[str, Any], wall: float) -> dict[str, Any]:
+                    rewards: dict[str, Any], wall: float,
+                    transcript: list[dict[str, str]] | None = None) -> dict[str, Any]:
   """Behavioural statistics of one episode (the evaluation report's fields)."""
   exec_calls = [len(s.calls) for s in steps
                 if s.phase == "execute" and isinstance(s.calls, list) and s.parse_error is None]
@@ -110,6 +116,9 @@ def _episode_record(task, buf: ep.EpisodeBuffer, steps: list[toolenv.Step],
       "traj_reward": float(rewards.get("trajectory", 0.0)),
       "answer": next((s.answer for s in reversed(steps) if s.phase == "answer"), None),
       "plan_tokens": int(np.sum(mask & (kinds == ep.PLAN))),
+      # What the policy read and wrote, turn by turn: {"role": "task" |
+      # "assistant" | "observation", "text": ...}.
+      "transcript": list(transcript or []),
   }
 
 
@@ -152,6 +161,7 @@ def run_rollout(policy: pol.Policy, env, tasks: Sequence[Any], fmt,
   pending_msgs = [fmt.prompt_messages(first_obs[i]) for i in range(b)]
   timing["tokenize_s"] += time.perf_counter() - t0
   ep_wall = [0.0] * b
+  transcripts = [[{"role": "task", "text": str(first_obs[i])}] for i in range(b)]
 
   for turn in range(config.max_turns):
     requests = []
@@ -194,6 +204,7 @@ def run_rollout(policy: pol.Policy, env, tasks: Sequence[Any], fmt,
       buffers[i].add_policy(out.token_ids, out.logprobs,
                             fmt.token_kinds(out.token_ids, out.text), s, seg)
       steps[i].append(env_steps[i])
+      transcripts[i].append({"role": "assistant", "text": out.text})
       if res.done:
         done[i] = True
         buffers[i].done = True
@@ -202,6 +213,9 @@ def run_rollout(policy: pol.Policy, env, tasks: Sequence[Any], fmt,
         # Closing glue is context the policy never sees again: not sent to it.
         buffers[i].add_context(fmt.close_ids(out.token_ids))
       else:
+        obs = str(res.observation)
+        transcripts[i].append({"role": "observation", "text": obs if len(obs) <= (
+            TRANSCRIPT_OBS_CHARS) else obs[:TRANSCRIPT_OBS_CHARS] + " [...]"})
         pending_ids[i] = fmt.observation_ids(res.observation, config.max_obs_tokens,
                                              out.token_ids)
         pending_msgs[i] = fmt.observation_messages(res.observation, config.max_obs_tokens)
@@ -220,7 +234,7 @@ def run_rollout(policy: pol.Policy, env, tasks: Sequence[Any], fmt,
       buffers, rewards, group_ids, max_len=config.max_len,
       max_steps=config.max_turns, max_phases=config.max_phases or config.max_turns,
       pad_id=fmt.pad_id)
-  records = [_episode_record(tasks[i], buffers[i], steps[i], rewards[i], ep_wall[i])
-             for i in range(b)]
+  records = [_episode_record(tasks[i], buffers[i], steps[i], rewards[i], ep_wall[i],
+                             transcripts[i]) for i in range(b)]
   timing["total_s"] = time.perf_counter() - t_start
   return RolloutResult(arrays, records, buffers, timing, policy.stats())
