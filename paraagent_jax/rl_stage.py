@@ -319,7 +319,8 @@ def greedy_eval(policy, fmt, catalog, tasks, rcfg, strategy: str = "paraact",
   if per_task is not None:
     per_task.extend({"task_id": t.id, "kind": t.kind, "success": bool(e["success"]),
                      "turns": int(e["turns"]),
-                     "calls_per_step": [int(n) for n in e.get("calls_per_step", [])]}
+                     "calls_per_step": [int(n) for n in e.get("calls_per_step", [])],
+                     "transcript": e.get("transcript", [])}
                     for t, e in zip(tasks, res.episodes))
   return summarize(tasks, res.episodes)
 
@@ -672,6 +673,18 @@ def write_report(workdir: str, history: Sequence[dict], after: dict,
   lines += ["", "Learning curve: `rl_curve.png`, `rl_curve.jsonl` (per iteration: rollout "
             "success, mean trajectory / phase / step reward, held-out success where "
             "evaluated); every metric: `metrics.jsonl`.", ""]
+  after_path = os.path.join(workdir, EVAL_AFTER_FILE)
+  if os.path.exists(after_path):
+    from paraagent_jax.evaluation import report as report_lib  # pylint: disable=g-import-not-at-top
+    with open(after_path) as f:
+      recs = [dict(json.loads(l), benchmark="toolenv", policy="after RL",
+                   strategy=meta.get("strategy", "paraact")) for l in f if l.strip()]
+    examples = report_lib.example_transcripts(recs)
+    if examples:
+      lines += ["After RL, one solved and one failed held-out transcript per kind "
+                f"(all in `{EVAL_AFTER_FILE}`; long turns cut):", ""]
+      for ex in examples:
+        lines += ["```", report_lib.format_transcript(ex, max_chars=600), "```", ""]
   path = os.path.join(workdir, "rl_report.md")
   with open(path + ".tmp", "w") as f:
     f.write("\n".join(lines))

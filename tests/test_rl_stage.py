@@ -80,6 +80,15 @@ def test_rl_runs_logs_levels_and_checkpoints(tok_dir, tmp_path):
   report = open(os.path.join(d, "rl_report.md")).read()
   assert "| success |" in report and "paired tasks" in report
   assert "calls per execute step (oracle)" in report
+  # One solved and one failed transcript per kind where they exist, each
+  # starting with the task and showing what the policy wrote.
+  recs_after = metrics_lib.read_jsonl(os.path.join(d, rl_stage.EVAL_AFTER_FILE))
+  assert all(r["transcript"][0]["role"] == "task" for r in recs_after)
+  assert "held-out transcript per kind" in report
+  for outcome, want in ((": failed\n[task]", False), (": solved\n[task]", True)):
+    kinds = {r["kind"] for r in recs_after if r["success"] == want}
+    assert report.count(outcome) == len(kinds), (outcome, kinds)
+  assert "[assistant] " in report
   # Kill/resume and the NaN stop: tests/test_stage_robustness.py.
 
 
