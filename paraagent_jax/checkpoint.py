@@ -20,7 +20,9 @@ no step can be read, `CheckpointError` says why in one line.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging as std_logging
 import os
 from typing import Any, Mapping
 
@@ -267,6 +269,18 @@ def pipeline_hint(path: str) -> str:
   return ""
 
 
+@contextlib.contextmanager
+def _absl_at_least(level: int):
+  """Raises the absl logger's level for the ``with`` body."""
+  logger = std_logging.getLogger("absl")
+  old = logger.level
+  logger.setLevel(max(level, old))
+  try:
+    yield
+  finally:
+    logger.setLevel(old)
+
+
 def restore_model_state(path: str, abstract_model):
   """Model weights only, from an Orbax checkpoint (``init_from``).
 
@@ -277,9 +291,14 @@ def restore_model_state(path: str, abstract_model):
   if found is None:
     raise CheckpointError(f"init_from={path}: no Orbax checkpoint there")
   root, step = found
-  manager = ocp.CheckpointManager(
-      root, options=ocp.CheckpointManagerOptions(read_only=True),
-      item_names=("model", "opt", "meta"))
+  # A read-only manager (init_from may be a shipped, read-only directory).
+  # Orbax logs three WARNING lines for that choice ("read_only=True, setting
+  # create=False", "Given directory is read only"), one per restore; they
+  # describe what was asked for, so they are dropped here.
+  with _absl_at_least(std_logging.ERROR):
+    manager = ocp.CheckpointManager(
+        root, options=ocp.CheckpointManagerOptions(read_only=True),
+        item_names=("model", "opt", "meta"))
   try:
     out = manager.restore(step, args=ocp.args.Composite(
         model=ocp.args.StandardRestore(abstract_model)))

@@ -94,6 +94,16 @@ class _JsonlBuilder(tfds.core.GeneratorBasedBuilder):
     self._source_dir = source_dir or self.builder_config.source_dir
     self.build_stats: dict[str, dict[str, Any]] = {}
 
+  # TFDS announces "Downloading and preparing dataset Unknown size ..." and
+  # "downloaded and prepared" for every build; these datasets download
+  # nothing (local JSONL), so say what really happens, in one line.
+  def _log_download_bytes(self) -> None:
+    print(f"tfds: preparing {self.name} from {self._source_dir} into "
+          f"{self.data_dir}", flush=True)
+
+  def _log_download_done(self) -> None:
+    pass
+
   def source_path(self, split: str) -> str:
     """The JSONL file of a split."""
     if not self._source_dir:
@@ -271,6 +281,9 @@ def build_dataset(name: str, source_dir: str, data_dir: str,
       # trips TFDS's "DatasetInfo already initialised" check.
       shutil.rmtree(builder.data_dir)
       builder = cls(source_dir=source_dir, data_dir=data_dir, config=cfg)
+  if not _stderr_is_tty():
+    # tqdm bars become carriage-return soup in log files.
+    tfds.disable_progress_bar()
   builder.download_and_prepare(
       file_format="array_record",
       download_config=tfds.download.DownloadConfig(manual_dir=source_dir))
@@ -280,6 +293,11 @@ def build_dataset(name: str, source_dir: str, data_dir: str,
 
 
 SOURCE_STAMP = "source_fingerprint.txt"
+
+
+def _stderr_is_tty() -> bool:
+  import sys  # pylint: disable=g-import-not-at-top
+  return hasattr(sys.stderr, "isatty") and sys.stderr.isatty()
 
 
 def source_fingerprint(builder: _JsonlBuilder) -> str:
