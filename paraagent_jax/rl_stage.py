@@ -399,24 +399,38 @@ def save_curve(workdir: str) -> str | None:
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
+  from matplotlib.ticker import MaxNLocator  # pylint: disable=g-import-not-at-top
+  fig, axes = plt.subplots(1, 2, figsize=(11, 4))
   it = [r["step"] for r in rows]   # the RL stage logs one record per iteration
-  axes[0].plot(it, [r["train/rollout/success"] for r in rows], label="rollout success")
+  axes[0].plot(it, [r["train/rollout/success"] for r in rows], label="rollout (sampled)")
   ev = [r for r in records if "eval/success" in r]
   if ev:
     axes[0].plot([r["step"] for r in ev], [r["eval/success"] for r in ev], "o-",
-                 label="held-out greedy success")
-  axes[0].set_xlabel("iteration")
-  axes[0].legend()
+                 label="held-out greedy")
+  # Success is a fraction: a fixed 0-1 axis, so 0% reads as 0%, not as an
+  # axis squeezed around a flat line.
+  axes[0].set_ylim(-0.02, 1.02)
+  axes[0].set_title("task success")
+  axes[0].set_ylabel("fraction of tasks solved")
   for key in ("traj_reward", "phase_reward", "step_reward"):
-    axes[1].plot(it, [r.get(f"train/rollout/{key}", float("nan")) for r in rows], label=key)
-  axes[1].set_xlabel("iteration")
-  axes[1].legend()
+    axes[1].plot(it, [r.get(f"train/rollout/{key}", float("nan")) for r in rows],
+                 label=key.split("_")[0])
+  axes[1].axhline(0.0, color="0.7", lw=0.8, zorder=0)
+  axes[1].set_title("mean reward of the sampled episodes, per level")
+  axes[1].set_ylabel("reward")
+  for ax in axes:
+    ax.set_xlabel("RL iteration")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+    # Legends below the axes: never over the data.
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=3, frameon=False)
   meta_path = os.path.join(workdir, RUN_META_FILE)
+  levels = []
   if os.path.exists(meta_path):
     with open(meta_path) as f:
       levels = json.load(f).get("levels", [])
-    fig.suptitle(f"advantage levels: {', '.join(levels)}")
+  fig.suptitle("RL learning curve" + (f" (GRPO advantage levels: {', '.join(levels)})"
+                                      if levels else ""))
   fig.tight_layout()
   out = os.path.join(workdir, "rl_curve.png")
   tmp = os.path.join(workdir, "rl_curve.tmp.png")
