@@ -356,6 +356,13 @@ def write_plots(records: Sequence[dict[str, Any]], report: dict[str, Any],
     fig, axes = plt.subplots(1, n, figsize=(width * n, 4), squeeze=False)
     return fig, list(axes[0])
 
+  from matplotlib.ticker import MaxNLocator  # pylint: disable=g-import-not-at-top
+
+  def _legend_below(ax, n):
+    if ax.get_legend_handles_labels()[0]:
+      ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2),
+                ncol=min(n, 3), frameon=False)
+
   out = {}
   by_bench = list(group_records(report["runs"], ("benchmark",)).items())
   fig, axes = _panels(len(by_bench), 7)
@@ -363,41 +370,61 @@ def write_plots(records: Sequence[dict[str, Any]], report: dict[str, Any],
     kinds = _kinds(runs)
     width = 0.8 / max(1, len(runs))
     for i, run in enumerate(runs):
-      ys = [100 * run["per_kind"][k]["success"] if k in run["per_kind"] else 0
+      xs = [j + i * width for j in range(len(kinds))]
+      ys = [100 * run["per_kind"][k]["success"] if k in run["per_kind"] else None
             for k in kinds]
-      ax.bar([j + i * width for j in range(len(kinds))], ys, width,
-             label=f"{run['policy']}/{run['strategy']}")
+      bars = ax.bar(xs, [y or 0 for y in ys], width,
+                    label=f"{run['policy']}/{run['strategy']}")
+      # Every bar says its value: a 0% bar is otherwise invisible and reads
+      # as missing data; "-" marks a kind this run has no tasks of.
+      for x, y, b in zip(xs, ys, bars):
+        ax.text(x, (y or 0) + 1.5, "-" if y is None else f"{y:.0f}", ha="center",
+                va="bottom", fontsize=6, color=b.get_facecolor())
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(kinds))], kinds,
                   rotation=30 if len(kinds) > 5 else 0, fontsize=7)
-    ax.set_ylabel("success %")
-    ax.set_ylim(0, 105)
-    ax.legend(fontsize=7)
-    ax.set_title(f"{bench}: success by kind and strategy", fontsize=9)
+    ax.set_ylabel("success % (of tasks of the kind)")
+    ax.set_ylim(0, 110)
+    _legend_below(ax, len(runs))
+    ax.set_title(f"{bench}: success by kind (bars: policy/strategy)", fontsize=9)
   out["plot_success"] = _save(fig, os.path.join(workdir, f"{name}_success_by_kind.png"))
 
   fig, axes = _panels(len(by_bench), 5)
   for ax, ((bench,), runs) in zip(axes, by_bench):
     for run in runs:
       ax.scatter([run["overall"]["turns"] or 0], [100 * run["overall"]["success"]],
-                 label=f"{run['policy']}/{run['strategy']}")
+                 label=f"{run['policy']}/{run['strategy']}", s=40, alpha=0.8)
     ax.set_xlabel("mean turns per task")
     ax.set_ylabel("success %")
-    ax.legend(fontsize=7)
-    ax.set_title(f"{bench}: turns vs success", fontsize=9)
+    ax.set_ylim(-3, 103)   # fixed: all-zero runs sit on 0, not mid-axis
+    ax.set_xlim(0, 1.15 * max([r["overall"]["turns"] or 0 for r in runs] + [1]) + 0.5)
+    ax.grid(alpha=0.3)
+    _legend_below(ax, len(runs))
+    ax.set_title(f"{bench}: mean turns vs success (one point per run)", fontsize=9)
   out["plot_turns"] = _save(fig, os.path.join(workdir, f"{name}_turns_vs_success.png"))
 
   rec_by_bench = group_records(records, ("benchmark",))
   fig, axes = _panels(len(by_bench), 5)
   for ax, ((bench,), _) in zip(axes, by_bench):
-    for (policy, strategy), recs in group_records(rec_by_bench.get((bench,), []),
-                                                  ("policy", "strategy")).items():
-      vals = [c for r in recs for c in r.get("calls_per_step") or []]
-      if vals:
-        ax.hist(vals, bins=range(0, max(vals) + 2), alpha=0.5, label=f"{policy}/{strategy}")
-    ax.set_xlabel("calls per execute step")
-    ax.set_ylabel("steps")
-    if ax.get_legend_handles_labels()[0]:
-      ax.legend(fontsize=7)
+    groups = [(f"{p}/{st}", [c for r in recs for c in r.get("calls_per_step") or []])
+              for (p, st), recs in group_records(rec_by_bench.get((bench,), []),
+                                                 ("policy", "strategy")).items()]
+    groups = [(label, vals) for label, vals in groups if vals]
+    if groups:
+      # Side by side, centred on the integers: the share of each run's
+      # execute steps that made k calls.
+      top = max(max(v) for _, v in groups)
+      width = 0.8 / len(groups)
+      for i, (label, vals) in enumerate(groups):
+        ks = list(range(0, top + 1))
+        share = [100 * sum(v == k for v in vals) / len(vals) for k in ks]
+        ax.bar([k - 0.4 + (i + 0.5) * width for k in ks], share, width, label=label)
+      ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    else:
+      ax.text(0.5, 0.5, "no execute steps", transform=ax.transAxes, ha="center",
+              va="center", color="0.4")
+    ax.set_xlabel("calls in one execute step")
+    ax.set_ylabel("% of the run's execute steps")
+    _legend_below(ax, len(groups))
     ax.set_title(f"{bench}: calls per execute step", fontsize=9)
   out["plot_calls"] = _save(fig, os.path.join(workdir, f"{name}_calls_per_step.png"))
   return out
