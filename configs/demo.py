@@ -18,7 +18,7 @@ how and what it scores): RL evaluates that policy greedily on 200 held-out
 tasks first, trains, evaluates again and compares the two per task.
 ``from_scratch=True`` reruns the long SFT too (WORKDIR/sft, ~1.5 h on 2 CPU
 cores) and RL starts from it. ``stage`` is "pipeline", "demos", "sft" or
-"rl"; ``budget`` ("long" or "short": 150 demonstration steps, ~12 minutes)
+"rl"; ``budget`` ("long" or "short": 225 demonstration steps, ~30 minutes)
 sizes the SFT; ``size`` picks the model preset ("demo" or "tiny");
 ``runlocal`` shrinks everything to a one-minute smoke run from scratch.
 """
@@ -64,8 +64,8 @@ def get_config(arg=None):
   c.data.source = "demonstrations"
   c.data.catalog = "procedural"
   c.data.backend = "scripted"
-  # The long SFT sees about half of 8,000 demonstrations (450 steps x 8
-  # rows); the pipeline from the shipped policy needs only the tasks.
+  # The long SFT sees 7,200 of 8,000 demonstrations (900 steps x 8 rows);
+  # the pipeline from the shipped policy needs only the tasks.
   c.data.num_tasks = 8000 if a.from_scratch or a.stage == "sft" else 1600
   c.data.data_dir = ""              # "" = WORKDIR/demos (pipeline) or built
   # "" = train the demo BPE on the train split (copyable pieces:
@@ -90,27 +90,26 @@ def get_config(arg=None):
   c.data.imperfection = 1.0
   c.data.obs_format = "full"
   c.data.context_loss_weight = 0.0
-  # First 250 batches of 32 "S sep S" rows of random tokens
-  # (`copy_mode="repeat"`). At lr 3e-3 the copy loss falls from 8.3 to 0.05
-  # nats in ~180 steps, but by a fixed-offset copy, not induction: S always
-  # has the same length, and the trained model copies 0% of rows whose S
-  # has another length or offset (`copy_mode="induction"`; docs/cpu_demo.md
-  # section 3). Kept because the recipe below was measured with it.
-  c.data.copy_warmup = 250
+  # First 1,000 batches of 32 x 128-token copy rows of random tokens
+  # (`copy_mode="induction"`: a random span of random length after a random
+  # prefix, then the span again), which a model can only solve with an
+  # induction head (copy whatever followed the previous occurrence of the
+  # current token). At this size and lr 1e-3 the head forms at steps
+  # ~680-880 (loss 8.3 -> 0.7 nats; at lr 3e-3, with 64-token rows or in
+  # fewer than ~600 steps it does not form). The old `repeat` rows (S always
+  # 61 tokens) were solved by a fixed-offset copy that copies 0% of ids in
+  # the demonstrations (docs/cpu_demo.md section 3).
+  c.data.copy_warmup = 1000
   c.data.copy_rows = 32
   c.data.copy_len = 128
-  c.data.copy_mode = "repeat"
-  c.data.copy_every = 0             # no copy batches among the demonstrations
-  # Then opening turns: 700 batches of 64 demonstrations cut after their
-  # first assistant turn, without the system prompt (~130 tokens a row), so
-  # the search queries that copy the provider name from the instruction are
-  # dense and the instruction is near. On whole rows alone the model copied
-  # 2% of the first tokens of instruction words after 400 steps, and 1%
-  # after 200 batches of opening turns *with* the system prompt; 200 more
-  # without it raised that to 28% (47% on short rows; docs/cpu_demo.md).
-  # The loss of these rows drops (0.4 -> 0.1) when the policy starts to copy
-  # the provider name: at step ~520 in run L5, ~620 in L7; 700 leaves room.
-  c.data.turn_warmup = 700
+  c.data.copy_mode = "induction"
+  # After the warm-up, every 4th batch is a copy batch: the demonstrations
+  # train without wearing the induction head away.
+  c.data.copy_every = 4
+  # Opening-turn batches (demonstrations cut after their first assistant
+  # turn) are not needed once an induction head exists: the policy copies
+  # the provider name from the instruction without them (run N1).
+  c.data.turn_warmup = 0
   c.data.turn_rows = 64
   c.data.turn_len = 192
   c.data.turn_count = 1
@@ -118,8 +117,17 @@ def get_config(arg=None):
   c.batch_size = 8
   c.seq_len = 1536
 
-  c.total_steps = 1400 if a.budget == "long" else 750
-  c.optimizer.learning_rate = 3e-3
+  # 1,000 copy batches, then 1,200 batches of which 900 are demonstrations
+  # ("short": 300, of which 225 are demonstrations).
+  c.total_steps = 2200 if a.budget == "long" else 1300
+  # One learning rate for both phases: 1e-3 (3e-3 never forms the induction
+  # head), held until the last 300 steps (150 for "short"), then decayed
+  # linearly to 1e-4 ("wsd": the stable part does not depend on
+  # total_steps, so a longer run continues a shorter one exactly).
+  c.optimizer.learning_rate = 1e-3
+  c.optimizer.schedule = "wsd"
+  c.optimizer.decay_steps = 300 if a.budget == "long" else 150
+  c.optimizer.end_lr_ratio = 0.1
   c.optimizer.warmup_steps = 20
   c.optimizer.weight_decay = 0.01
   c.log_every = 10
@@ -183,6 +191,7 @@ def get_config(arg=None):
     c.seq_len = 2048
     c.total_steps = 20
     c.optimizer.warmup_steps = 2
+    c.optimizer.decay_steps = 0      # the last 20%
     c.log_every = 5
     c.eval_every = 10
     c.ckpt_every = 10
