@@ -20,7 +20,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def log_summary(workdir: str, copy_warmup: int, turn_warmup: int) -> list[str]:
+def log_summary(workdir: str, copy_warmup: int, turn_warmup: int,
+                copy_every: int = 0) -> list[str]:
   """Markdown lines: the training log at a few steps, per phase."""
   from paraagent_jax import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
   recs = metrics_lib.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
@@ -31,12 +32,18 @@ def log_summary(workdir: str, copy_warmup: int, turn_warmup: int) -> list[str]:
   keep = {train[0]["step"], copy_warmup, copy_warmup + turn_warmup,
           train[-1]["step"]} | set(evals)
   keep |= {r["step"] for r in train if r["step"] % 200 == 0}
+  if copy_every:
+    # Copy batches are interleaved: show a demonstration step next to each.
+    keep |= {r["step"] for r in train if r["step"] % 200 == 10
+             and r["step"] > copy_warmup + turn_warmup}
   for r in train:
     s = int(r["step"])
     if s not in keep:
       continue
-    phase = ("induction rows" if s <= copy_warmup else "opening turns"
-             if s <= copy_warmup + turn_warmup else "demonstrations")
+    warm = copy_warmup + turn_warmup
+    phase = ("copy rows" if s <= copy_warmup else "opening turns" if s <= warm
+             else f"copy rows (every {copy_every}th batch)"
+             if copy_every and (s - warm) % copy_every == 0 else "demonstrations")
     ev = f"{evals[s]:.3f}" if s in evals else ""
     lines.append(f"| {s} | {phase} | {r['train/loss']:.3f} | {ev} | "
                  f"{r.get('train/tokens_per_sec', 0):.0f} |")
@@ -90,7 +97,8 @@ def main():
       "## Training log (WORKDIR/metrics.jsonl)",
       "",
       *log_summary(args.workdir, int(config.data.get("copy_warmup", 0)),
-                   int(config.data.get("turn_warmup", 0))),
+                   int(config.data.get("turn_warmup", 0)),
+                   int(config.data.get("copy_every", 0))),
       "",
       f"## Greedy ParaAct on {ev.get('num_tasks')} held-out test-split tasks "
       "(providers never seen in training; the 50,011-tool catalog searched as usual)",
