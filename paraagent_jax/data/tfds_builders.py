@@ -102,7 +102,7 @@ class _JsonlBuilder(tfds.core.GeneratorBasedBuilder):
           f"{self.data_dir}", flush=True)
 
   def _log_download_done(self) -> None:
-    pass
+    """Silent: `_log_download_bytes` already said where the data goes."""
 
   def source_path(self, split: str) -> str:
     """The JSONL file of a split."""
