@@ -15,7 +15,10 @@ the last one. Orbax writes a step into a temporary directory and renames it
 when complete, so an interrupted save never looks like a checkpoint. A step
 that exists but cannot be read (truncated or deleted files) is moved aside
 to ``corrupt-<step>`` when an older step restores, and the log says so; if
-no step can be read, `CheckpointError` says why in one line.
+no step can be read, `CheckpointError` says why in one line. Each finished
+step is sealed with ``checksums.json`` (every file's size and SHA-256,
+`checksums.write_tree_manifest`), checked before Orbax reads the step, so a
+damaged file is named in one line rather than found by TensorStore.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from absl import logging
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+
+from paraagent_jax import checksums
 
 CHECKPOINT_SUBDIR = "checkpoints"
 
@@ -145,6 +150,10 @@ class Checkpointer:
       return False
     if step in self._manager.all_steps():
       return False
+    # Orbax waits for the previous asynchronous save here anyway; doing it
+    # first lets that step be sealed before the next one starts.
+    self._manager.wait_until_finished()
+    self._seal()
     meta = {"step": int(step), "data": dict(data_state or {}),
             "rng": rng_to_json(rng), "extra": dict(extra or {})}
     self._manager.save(
@@ -155,8 +164,29 @@ class Checkpointer:
     return True
 
   def wait(self) -> None:
-    """Blocks until the pending asynchronous save is on disk."""
+    """Blocks until the pending asynchronous save is on disk (and sealed)."""
     self._manager.wait_until_finished()
+    self._seal()
+
+  def _seal(self) -> None:
+    """Writes ``checksums.json`` into finished steps that lack one.
+
+    Only after Orbax has finished (and renamed) a step: the list then
+    describes exactly the files a later restore must find. One process
+    writes it (a multi-host run shares the directory); remote paths
+    (``gs://``) are left to the storage's own integrity checks.
+    """
+    if jax.process_index() != 0 or not os.path.isdir(self.directory):
+      return
+    for step in self._manager.all_steps():
+      path = self.step_path(step)
+      if os.path.isdir(path) and not os.path.exists(
+          os.path.join(path, checksums.TREE_MANIFEST)):
+        try:
+          checksums.write_tree_manifest(path)
+        except OSError as e:   # never stop training for the seal itself
+          logging.warning("could not write %s in %s: %s",
+                          checksums.TREE_MANIFEST, path, _one_line(e))
 
   def last_complete(self) -> str | None:
     """Path of the newest checkpoint on disk (after pending saves finish)."""
@@ -165,6 +195,7 @@ class Checkpointer:
     return None if step is None else self.step_path(step)
 
   def _restore_step(self, step, abstract_model, abstract_opt) -> Restored:
+    verify_step(self.step_path(step), step)
     out = self._manager.restore(step, args=ocp.args.Composite(
         model=ocp.args.StandardRestore(abstract_model),
         opt=ocp.args.StandardRestore(abstract_opt),
@@ -200,7 +231,7 @@ class Checkpointer:
                         self.directory, failures[-1][1])
         continue
       if failures:
-        self._set_aside([s for s, _ in failures], step)
+        self._set_aside(failures, step)
       return restored
     if failures:
       step, why = failures[0]
@@ -210,23 +241,40 @@ class Checkpointer:
           f"directory away to start afresh")
     return None
 
-  def _set_aside(self, bad_steps, good_step) -> None:
-    for step in bad_steps:
+  def _set_aside(self, failures, good_step) -> None:
+    for step, why in failures:
       src = self.step_path(step)
       dst = os.path.join(self.directory, f"corrupt-{step}")
       os.replace(src, dst)
       logging.warning("moved unreadable checkpoint %s to %s; resuming from "
                       "step %d", src, dst, good_step)
-      print(f"checkpoint: step {step} unreadable, moved to {dst}; resuming "
-            f"from step {good_step}", flush=True)
+      print(f"checkpoint: step {step} unreadable ({why}), moved to {dst}; "
+            f"resuming from step {good_step}", flush=True)
     # The manager caches its step list; reopen it on the cleaned directory.
     self._manager.close()
     self._manager = self._make_manager()
 
   def close(self) -> None:
-    """Waits for pending saves and releases the manager."""
+    """Waits for pending saves, seals them and releases the manager."""
     self._manager.wait_until_finished()
+    self._seal()
     self._manager.close()
+
+
+def verify_step(step_dir: str, step: int) -> None:
+  """Checks a step against the ``checksums.json`` written when it was saved.
+
+  Steps without one (saved by an older version, or killed before sealing)
+  pass; Orbax's own errors still catch what they can.
+
+  Raises:
+    CheckpointError: a file is missing, shorter/longer or different (one
+      line naming the step and the file).
+  """
+  try:
+    checksums.verify_tree_manifest(step_dir)
+  except ValueError as e:
+    raise CheckpointError(f"step {step} ({step_dir}): {e}") from None
 
 
 def find_checkpoint(path: str) -> tuple[str, int] | None:
@@ -291,6 +339,10 @@ def restore_model_state(path: str, abstract_model):
   if found is None:
     raise CheckpointError(f"init_from={path}: no Orbax checkpoint there")
   root, step = found
+  try:
+    verify_step(os.path.join(root, str(step)), step)
+  except CheckpointError as e:
+    raise CheckpointError(f"init_from={path}: {e}") from None
   # A read-only manager (init_from may be a shipped, read-only directory).
   # Orbax logs three WARNING lines for that choice ("read_only=True, setting
   # create=False", "Given directory is read only"), one per restore; they

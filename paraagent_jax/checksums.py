@@ -67,3 +67,75 @@ def verify_checksums(path: str, required: bool = False) -> bool:
                        f"{CHECKSUM_FILE} says {digest[:12]}...): the file is "
                        f"damaged or was changed; restore it (git checkout)")
   return True
+
+
+# A training checkpoint step (an Orbax directory tree) gets its own list:
+# ``checksums.json`` inside the step directory, written once Orbax has
+# finished the step, with every file's size and (below HASH_LIMIT_BYTES in
+# all) its SHA-256. A truncated or rewritten file is then named before Orbax
+# is asked to read it, instead of surfacing as TensorStore errors.
+TREE_MANIFEST = "checksums.json"
+HASH_LIMIT_BYTES = 4 << 30   # larger steps (billion-parameter runs): sizes only
+
+
+def _tree_files(path: str) -> list[str]:
+  out = []
+  for root, _, files in os.walk(path):
+    for f in files:
+      rel = os.path.relpath(os.path.join(root, f), path)
+      if rel != TREE_MANIFEST and not rel.endswith(".tmp"):
+        out.append(rel.replace(os.sep, "/"))
+  return sorted(out)
+
+
+def write_tree_manifest(path: str, hash_limit: int = HASH_LIMIT_BYTES) -> str:
+  """Writes ``path/checksums.json``: size and SHA-256 of every file below.
+
+  Hashes are left out (sizes only) when the files total over ``hash_limit``
+  bytes, so that sealing a multi-GB step does not stall training.
+  """
+  import json  # pylint: disable=g-import-not-at-top
+  names = _tree_files(path)
+  sizes = {n: os.path.getsize(os.path.join(path, n)) for n in names}
+  hashed = sum(sizes.values()) <= hash_limit
+  files = {n: {"size": sizes[n]} | (
+      {"sha256": _sha256(os.path.join(path, n))} if hashed else {}) for n in names}
+  out = os.path.join(path, TREE_MANIFEST)
+  with open(out + ".tmp", "w") as f:
+    json.dump({"files": files}, f, indent=0, sort_keys=True)
+  os.replace(out + ".tmp", out)
+  return out
+
+
+def verify_tree_manifest(path: str) -> bool:
+  """Checks ``path/checksums.json`` if there is one.
+
+  Returns:
+    True when the manifest exists and every file matches; False when there
+    is no manifest (a step saved before manifests, or one whose save did
+    not finish sealing).
+
+  Raises:
+    ValueError: a listed file is missing, has another size or another hash
+      (one line naming the file).
+  """
+  import json  # pylint: disable=g-import-not-at-top
+  manifest = os.path.join(path, TREE_MANIFEST)
+  if not os.path.isfile(manifest):
+    return False
+  try:
+    with open(manifest) as f:
+      files = json.load(f)["files"]
+  except (OSError, ValueError, KeyError, TypeError) as e:
+    raise ValueError(f"{manifest} is unreadable ({type(e).__name__})") from None
+  for name, want in sorted(files.items()):
+    target = os.path.join(path, name)
+    if not os.path.isfile(target):
+      raise ValueError(f"{name} is missing")
+    size = os.path.getsize(target)
+    if size != want["size"]:
+      raise ValueError(f"{name} has {size} bytes, {want['size']} when saved "
+                       f"({'truncated' if size < want['size'] else 'changed'})")
+    if "sha256" in want and _sha256(target) != want["sha256"]:
+      raise ValueError(f"{name} differs from what was saved (sha256)")
+  return True

@@ -1,6 +1,6 @@
 """Teacher-forced accuracy of an SFT checkpoint per class of assistant token.
 
-  python scripts/sft_token_classes.py --workdir=/tmp/demo/sft --split=test --n=40
+  python scripts/sft_token_classes.py --workdir=/tmp/demo/sft --split=test --n=40 [--kind=parallel]
 
 Given the correct preceding tokens of a demonstration, is the argmax the
 demonstrated token? Counted separately for the tokens a policy copies from
@@ -91,6 +91,8 @@ def main():
                   "the run's data.data_dir or WORKDIR/../demos)")
   ap.add_argument("--split", default="train,test")
   ap.add_argument("--n", type=int, default=40)
+  ap.add_argument("--kind", default="", help="only rows of these task kinds, "
+                  "comma-separated (e.g. parallel,mixed); default all")
   args = ap.parse_args()
   # pylint: disable=g-import-not-at-top
   import ml_collections
@@ -113,9 +115,14 @@ def main():
   model = nnx.merge(graphdef, state)
   for split in args.split.split(","):
     with open(os.path.join(data_dir, f"demonstrations_{split}.jsonl")) as f:
-      records = [json.loads(line) for _, line in zip(range(args.n), f)]
+      records = (json.loads(line) for line in f)
+      if args.kind:
+        kinds = set(args.kind.split(","))
+        records = (r for r in records if r.get("kind") in kinds)
+      records = [r for _, r in zip(range(args.n), records)]
     out = token_class_accuracy(model, tok, records)
-    print(json.dumps({"split": split, **out}), flush=True)
+    print(json.dumps({"split": split, "kind": args.kind or "all", "rows": len(records),
+                      **out}), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """Tests of the Orbax checkpointer: round trip on a mesh, keep-K, corruption."""
 
+import json
 import os
 
 from flax import nnx
@@ -9,6 +10,7 @@ import optax
 import pytest
 
 from paraagent_jax import checkpoint as ckpt_lib
+from paraagent_jax import checksums
 from paraagent_jax import sharding as shd
 
 
@@ -111,6 +113,63 @@ def test_corrupt_latest_falls_back_and_is_moved_aside(tmp_path, mesh, capsys):
   # Training can go on and save step 2 again.
   assert c.save(2, state, opt_state, data_state={}, rng=jax.random.PRNGKey(0))
   c.close()
+
+
+def _truncate_largest(step_dir):
+  """Cuts the largest data file of ``step_dir/model`` to half its size."""
+  files = [os.path.join(r, f) for r, _, fs in os.walk(os.path.join(step_dir, "model"))
+           for f in fs]
+  target = max(files, key=os.path.getsize)
+  size = os.path.getsize(target)
+  with open(target, "r+b") as fh:
+    fh.truncate(size // 2)
+  return os.path.relpath(target, step_dir)
+
+
+def test_finished_steps_are_sealed_and_a_truncated_file_is_named(tmp_path, mesh, capsys):
+  state, opt_state = make_state(mesh)
+  c = ckpt_lib.Checkpointer(str(tmp_path), every_steps=1, keep=None)
+  for step in (1, 2):
+    c.save(step, state, opt_state, data_state={"next_batch": step},
+           rng=jax.random.PRNGKey(0))
+  c.close()
+  step2 = os.path.join(tmp_path, "checkpoints", "2")
+  for step_dir in (os.path.join(tmp_path, "checkpoints", "1"), step2):
+    manifest = json.load(open(os.path.join(step_dir, checksums.TREE_MANIFEST)))
+    # Every file Orbax wrote is listed with its size and hash.
+    on_disk = {os.path.relpath(os.path.join(r, f), step_dir)
+               for r, _, fs in os.walk(step_dir) for f in fs} - {checksums.TREE_MANIFEST}
+    assert set(manifest["files"]) == on_disk
+    assert all("sha256" in v for v in manifest["files"].values())
+  name = _truncate_largest(step2)
+  c = ckpt_lib.Checkpointer(str(tmp_path), every_steps=1, keep=None)
+  r = c.restore(abstract_of(state), abstract_of(opt_state))
+  assert r.step == 1 and r.data_state == {"next_batch": 1}
+  out = capsys.readouterr().out
+  assert f"step 2 unreadable" in out and name in out and "truncated" in out, out
+  # Moved aside, not deleted.
+  assert os.path.isfile(os.path.join(tmp_path, "checkpoints", "corrupt-2", name))
+  c.close()
+
+
+def test_a_rewritten_file_of_the_same_size_is_caught_by_its_hash(tmp_path, mesh):
+  state, opt_state = make_state(mesh)
+  c = ckpt_lib.Checkpointer(str(tmp_path), every_steps=1)
+  c.save(1, state, opt_state, data_state={}, rng=jax.random.PRNGKey(0))
+  c.close()
+  step1 = os.path.join(tmp_path, "checkpoints", "1")
+  files = [os.path.join(r, f) for r, _, fs in os.walk(os.path.join(step1, "model"))
+           for f in fs]
+  target = max(files, key=os.path.getsize)
+  data = bytearray(open(target, "rb").read())
+  data[len(data) // 2] ^= 0xFF
+  open(target, "wb").write(bytes(data))
+  # Weights only (evaluate, export, init_from): one line naming step and file.
+  with pytest.raises(ckpt_lib.CheckpointError) as e:
+    ckpt_lib.restore_model_state(str(tmp_path), abstract_of(state))
+  msg = str(e.value)
+  assert "\n" not in msg and "step 1" in msg and os.path.relpath(target, step1) in msg
+  assert "differs from what was saved" in msg
 
 
 def test_no_readable_checkpoint_is_a_one_line_error(tmp_path, mesh):

@@ -171,6 +171,48 @@ def test_corrupt_checkpoint_stops_with_one_line(reference_run, tmp_path):
   assert_one_line_error(proc, "no readable checkpoint", "step 30")
 
 
+def test_truncated_checkpoint_file_one_line_for_evaluate_export_and_train_falls_back(
+    reference_run, tmp_path):
+  """One data file of the newest step cut short (a full disk, a bad copy)."""
+  from paraagent_jax import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
+  workdir = str(tmp_path / "truncated")
+  for step in (100, 110):
+    shutil.copytree(os.path.join(reference_run, "checkpoints", str(step)),
+                    os.path.join(workdir, "checkpoints", str(step)))
+  shutil.copy(os.path.join(reference_run, "config.json"), workdir)
+  step_dir = os.path.join(workdir, "checkpoints", "110")
+  files = [os.path.join(r, f) for r, _, fs in os.walk(os.path.join(step_dir, "model"))
+           for f in fs]
+  target = max(files, key=os.path.getsize)
+  with open(target, "r+b") as fh:
+    fh.truncate(os.path.getsize(target) // 2)
+  name = os.path.relpath(target, step_dir)
+  # evaluate needs a tokenizer before it reads weights; any will do here.
+  tok_lib.train_bpe_tokenizer(["a tiny text"] * 4, vocab_size=300,
+                              out_dir=os.path.join(workdir, "tokenizer"))
+  for cmd in (["paraagent_jax.evaluate", f"--workdir={tmp_path / 'eval'}",
+               f"--checkpoint={workdir}"],
+              ["paraagent_jax.export_hf", f"--workdir={workdir}",
+               f"--out={tmp_path / 'hf'}"]):
+    proc = subprocess.run([sys.executable, "-m", *cmd], cwd=ROOT, env=_env(),
+                          capture_output=True, text=True, timeout=300)
+    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert len(lines) <= 3, proc.stderr[-3000:]
+    assert "step 110" in lines[-1] and name in lines[-1] and "truncated" in lines[-1], lines
+  # Neither command moved or deleted anything.
+  assert os.path.isfile(target) and not os.path.exists(tmp_path / "hf")
+  # train resumes from the newest intact step, says which one it skipped and
+  # why, and ends exactly like the uninterrupted run.
+  proc = run_train(workdir)
+  assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+  assert "step 110 unreadable" in proc.stdout and "truncated" in proc.stdout, proc.stdout
+  assert "resumed at step 100/" in proc.stdout
+  assert os.path.isfile(os.path.join(workdir, "checkpoints", "corrupt-110", name))
+  ref, got = losses(reference_run), losses(workdir)
+  assert got[STEPS] == ref[STEPS]
+
+
 def test_wrong_key_and_missing_hf_dir_stop_with_one_line(tmp_path):
   proc = run_train(str(tmp_path / "a"), "optimizer.learnig_rate=1.0",
                    check=False)
