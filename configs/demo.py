@@ -10,6 +10,7 @@ Run::
   python -m paraagent_jax.train --config=configs/demo.py:from_scratch=True --workdir=/tmp/x
   python -m paraagent_jax.train --config=configs/demo.py:stage=sft,budget=long --workdir=/tmp/y
   python -m paraagent_jax.train --config=configs/demo.py:runlocal --workdir=/tmp/z
+  python -m paraagent_jax.train --config=configs/demo.py:runlocal,from_scratch=True --workdir=/tmp/w
 
 The default pipeline builds the demonstrations and tasks (WORKDIR/demos),
 then runs RL (WORKDIR/rl) from the shipped SFT policy (`SHIPPED_SFT`,
@@ -20,7 +21,8 @@ tasks first, trains, evaluates again and compares the two per task.
 cores) and RL starts from it. ``stage`` is "pipeline", "demos", "sft" or
 "rl"; ``budget`` ("long" or "short": 225 demonstration steps, ~30 minutes)
 sizes the SFT; ``size`` picks the model preset ("demo" or "tiny");
-``runlocal`` shrinks everything to a one-minute smoke run from scratch.
+``runlocal`` shrinks the pipeline to a smoke run of a few minutes (RL from
+the shipped policy; with ``from_scratch=True``, a tiny SFT first).
 """
 
 import os
@@ -164,8 +166,9 @@ def get_config(arg=None):
   # RL (stage "rl"). The pipeline's RL starts from the shipped SFT policy
   # (or, with from_scratch, from WORKDIR/sft) and evaluates it on 200
   # held-out tasks before and after.
-  if (not a.from_scratch and not a.runlocal and a.size == "demo"
-      and a.stage in ("pipeline", "rl")):
+  from_shipped = (not a.from_scratch and a.size == "demo"
+                  and a.stage in ("pipeline", "rl"))
+  if from_shipped:
     c.pipeline.stages = ("demos", "rl")
     c.init_from = SHIPPED_SFT
     c.data.tokenizer = SHIPPED_SFT
@@ -205,11 +208,16 @@ def get_config(arg=None):
   c.rl.num_micro_batches = 4
 
   if a.runlocal:
+    # The README command in miniature: demonstrations of 64 tasks, then two
+    # RL iterations from the shipped policy, which solves some tasks, so the
+    # groups have reward spread and the smoke run's RL really updates (from
+    # a 20-step model every episode fails alike and RL has nothing to do).
+    # With from_scratch, the tiny SFT runs first and RL starts from it.
     c.rl.iterations = 2
     c.rl.tasks_per_iter = 4
-    c.rl.group_size = 2
-    c.rl.max_turns = 3
-    c.rl.max_turn_tokens = 24
+    c.rl.group_size = 4 if from_shipped else 2
+    c.rl.max_turns = 4 if from_shipped else 3
+    c.rl.max_turn_tokens = 160 if from_shipped else 24
     c.rl.max_len = 2048
     c.rl.eval_every = 0
     c.rl.eval_tasks = 4

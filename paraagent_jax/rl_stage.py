@@ -600,7 +600,9 @@ def run_rl(config: ml_collections.ConfigDict, workdir: str) -> dict:
       m.update(kind_rollout_metrics(group_tasks, res.episodes))
       m["rollout/traj_spread_groups"] = traj_spread_fraction(arr["traj_reward"], g)
       log(it, m)
+      n_groups = len(arr["traj_reward"]) // g
       print(f"rl: it {it}/{rl.iterations} success {m['rollout/success']:.2f} "
+            f"spread {round(m['rollout/traj_spread_groups'] * n_groups)}/{n_groups} "
             f"R {m['rollout/traj_reward']:.3f} phase {m['rollout/phase_reward']:.3f} "
             f"step {m['rollout/step_reward']:.3f} loss {m.get('loss', float('nan')):.4f} "
             f"({m['time/iteration_s']:.1f}s)" + no_update_note(m), flush=True)

@@ -127,7 +127,11 @@ def test_demo_variants_start_from_the_right_policy():
   assert tuple(demo.pipeline.stages) == ("demos", "rl")
   assert demo.init_from == shipped and demo.data.tokenizer == shipped
   assert cu.load_config(DEMO + ":stage=rl").init_from == shipped
-  for arg in (":from_scratch=True", ":stage=sft,budget=long", ":runlocal"):
+  # The smoke run starts RL from the shipped policy too (its groups have
+  # spread, so RL updates); from_scratch runs the tiny SFT first.
+  local = cu.load_config(DEMO + ":runlocal")
+  assert local.init_from == shipped and tuple(local.pipeline.stages) == ("demos", "rl")
+  for arg in (":from_scratch=True", ":stage=sft,budget=long", ":runlocal,from_scratch=True"):
     c = cu.load_config(DEMO + arg)
     assert c.init_from == "" and c.data.tokenizer == "", arg
     assert tuple(c.pipeline.stages) == ("demos", "sft", "rl"), arg

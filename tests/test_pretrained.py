@@ -97,3 +97,19 @@ def test_damaged_copy_is_refused_with_one_line(damaged, tmp_path):
   err = [ln for ln in out.stderr.splitlines() if "error" in ln.lower()]
   assert any("checksum mismatch" in ln and "model.safetensors" in ln for ln in err), out.stderr[-2000:]
   assert "Traceback" not in out.stderr
+
+
+def test_smoke_run_rl_updates_and_reports_spread(tmp_path):
+  """configs/demo.py:runlocal: RL from the shipped policy has groups with
+  reward spread, so the smoke run's update is real (a 20-step model failed
+  every episode alike and RL never updated)."""
+  from paraagent_jax import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
+  from paraagent_jax import train  # pylint: disable=g-import-not-at-top
+  config = _demo_config(":runlocal,stage=rl,rl.iterations=1,rl.eval_tasks=1")
+  config.progress = False
+  assert config.init_from == SHIPPED
+  train.run(config, str(tmp_path))
+  (row,) = [r for r in metrics_lib.read_jsonl(str(tmp_path / "metrics.jsonl"))
+            if "train/loss" in r]
+  assert row["train/rollout/traj_spread_groups"] > 0, row
+  assert row["train/dropped_episode_frac"] < 1.0 and row["train/grad_norm"] > 0, row
