@@ -245,10 +245,11 @@ def run(config, workdir: str, checkpoint: str = "", transcripts: int = 0) -> dic
                                      "toolenv, bfcl or stabletoolbench")
   rep = report_lib.write_report(records, workdir)
   report = report_lib.build_report(records)
-  print(report_lib.markdown_table(report, transcripts=False), flush=True)
+  print(report_lib.terminal_table(report), flush=True)
   for ex in report["transcripts"][:max(0, int(transcripts))]:
     print(report_lib.format_transcript(ex, max_chars=0) + "\n", flush=True)
-  print(f"evaluate: report {rep['markdown']} (with example transcripts), "
+  print(f"evaluate: report {rep['markdown']} (every column, per-kind turns and "
+        f"calls, example transcripts), "
         f"{rep['json']}; per-task records with transcripts in {workdir}/records",
         flush=True)
   return rep

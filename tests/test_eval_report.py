@@ -127,3 +127,17 @@ def test_per_kind_turns_and_calls_per_execute_step_table():
   table = md.split("Per kind: mean turns / calls per execute step")[1]
   assert "| toolenv | oracle | paraact | 3.00 / 2.00 | 3.00 / 2.00 |" in table
   assert "| toolenv | oracle | react | 5.00 / 1.00 | 5.00 / 1.00 |" in table
+
+
+def test_terminal_table_is_narrow_and_aligned():
+  report = rep.build_report(_records())
+  text = rep.terminal_table(report)
+  lines = text.rstrip("\n").splitlines()
+  # Header, rule, one row per run; every line fits a terminal.
+  assert len(lines) == 2 + len(report["runs"]) and set(lines[1]) == {"-"}
+  assert max(len(l) for l in lines) <= 120, text
+  para = [l for l in lines if " paraact " in l][0]
+  assert para.split()[:5] == ["toolenv", "oracle", "paraact", "8", "62.5"]
+  # Columns line up: each header ends where its values end (right-aligned).
+  end = lines[0].index("success % (95% CI)") + len("success % (95% CI)")
+  assert para[:end].endswith(")") and para[end:end + 1] in (" ", "")

@@ -318,6 +318,31 @@ def markdown_table(report: dict[str, Any], transcripts: bool = True) -> str:
   return "\n".join(lines) + "\n"
 
 
+def terminal_table(report: dict[str, Any]) -> str:
+  """The few columns a terminal shows: per run, n, success (95% CI), success
+  per kind, multi-tool kinds pooled, turns and calls per execute step.
+
+  Plain text with aligned columns (the full table is in ``report.md``).
+  """
+  runs = report["runs"]
+  kinds = _kinds(runs)
+  head = (["benchmark", "policy", "strategy", "n", "success % (95% CI)"] + kinds
+          + ["multi-tool", "turns", "calls/step"])
+  rows = [head]
+  for run in runs:
+    o, mt = run["overall"], run["multi_tool"]
+    rows.append([str(run["benchmark"]), str(run["policy"]), str(run["strategy"]),
+                 str(o["n"]), f"{_fmt(o['success'], True)} ({_ci(o['ci95'])})"]
+                + [_fmt(run["per_kind"][k]["success"], True) if k in run["per_kind"]
+                   else "-" for k in kinds]
+                + [_fmt(mt["success"], True) if mt else "-", _fmt(o["turns"]),
+                   _fmt(o["calls_per_execute_step"])])
+  widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+  text = ["  ".join(c.ljust(w) if i < 3 else c.rjust(w)
+                    for i, (c, w) in enumerate(zip(r, widths))).rstrip() for r in rows]
+  return "\n".join(text[:1] + ["-" * len(text[0])] + text[1:]) + "\n"
+
+
 def write_report(records: Sequence[dict[str, Any]], workdir: str,
                  name: str = "report", plots: bool = True) -> dict[str, str]:
   """Writes ``{name}.json``, ``{name}.md`` and the PNG plots; returns their paths."""
