@@ -34,6 +34,35 @@ SHIPPED_SFT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__fil
                            "pretrained", "demo_sft")
 
 
+# Phase 2 of the long SFT (``budget=long2``; with ``from_scratch=True`` the
+# pipeline's "sft2" stage), from the phase-1 weights with a fresh Adam:
+# after phase 1, teacher-forced accuracy on parallel rows was as low on
+# train rows as on test rows (whole tool names 72% vs 68%), so the
+# multi-tool kinds were underfit, not failing to generalise. Here fanout,
+# parallel and mixed get two shares each of the tasks, and rows of up to
+# 2,048 tokens keep the answers of the longest ones (at 1,536, 32% of mixed
+# and 10% of parallel demonstrations lost their end). lr 1e-3 again after a
+# 100-step warm-up, decayed over the last 300 of 900 steps.
+PHASE2 = {
+    "data": {"kinds": ("single", "chain", "fanout", "fanout", "parallel", "parallel",
+                       "mixed", "mixed"),
+             "num_tasks": 8000,
+             "copy_warmup": 0,          # the induction head exists already
+             "length_bucket": "512,768,1024,1536"},
+    "seq_len": 2048,
+    "total_steps": 900,
+    "optimizer": {"warmup_steps": 100, "decay_steps": 300},
+}
+
+
+def _merge(c, overrides):
+  for k, v in overrides.items():
+    if isinstance(v, dict):
+      _merge(c[k], v)
+    else:
+      c[k] = v
+
+
 def get_config(arg=None):
   """The demo config; ``arg`` is ``key=value,...``."""
   a = config_utils.parse_arg(arg, stage="pipeline", size="demo", budget="long",
@@ -74,6 +103,7 @@ def get_config(arg=None):
   # The long SFT sees 7,200 of 8,000 demonstrations (900 steps x 8 rows);
   # the pipeline from the shipped policy needs only the tasks.
   c.data.num_tasks = 8000 if a.from_scratch or a.stage == "sft" else 1600
+  c.data.kinds = ()                 # () = all, round robin; repeats weight
   c.data.data_dir = ""              # "" = WORKDIR/demos (pipeline) or built
   # "" = train the demo BPE on the train split (copyable pieces:
   # `tokenizer.train_bpe_tokenizer`); RL from the shipped policy must use
@@ -138,22 +168,7 @@ def get_config(arg=None):
   c.optimizer.warmup_steps = 20
   c.optimizer.weight_decay = 0.01
   if a.budget == "long2":
-    # Phase 2 of the long SFT, from the phase-1 weights (init_from, a fresh
-    # Adam): after phase 1, teacher-forced accuracy on parallel rows was as
-    # low on train rows as on test rows (whole tool names 72% vs 68%), so
-    # the multi-tool kinds were underfit, not failing to generalise. Here
-    # fanout, parallel and mixed get two shares each of the tasks, and rows
-    # of up to 2,048 tokens keep the answers of the longest ones (at 1,536,
-    # 32% of mixed and 10% of parallel demonstrations lost their end).
-    c.data.kinds = ("single", "chain", "fanout", "fanout", "parallel", "parallel",
-                    "mixed", "mixed")
-    c.data.num_tasks = 8000
-    c.data.copy_warmup = 0          # the induction head exists already
-    c.seq_len = 2048
-    c.data.length_bucket = "512,768,1024,1536"
-    c.total_steps = 900
-    c.optimizer.warmup_steps = 100
-    c.optimizer.decay_steps = 300
+    _merge(c, PHASE2)
     # Phase 1's tokenizer: an HF directory carries it; a phase-1 workdir
     # has it with its demonstrations (data.tokenizer= overrides).
     c.data.tokenizer = (init_from if os.path.exists(os.path.join(init_from, "tokenizer.json"))
@@ -172,6 +187,10 @@ def get_config(arg=None):
     c.pipeline.stages = ("demos", "rl")
     c.init_from = SHIPPED_SFT
     c.data.tokenizer = SHIPPED_SFT
+  elif a.stage == "pipeline" and a.budget == "long":
+    # From scratch: both phases of the shipped policy's recipe, then RL.
+    c.pipeline.stages = ("demos", "sft", "sft2", "rl")
+    c.pipeline.sft2 = PHASE2
   # RL's own step size. RL starts a fresh Adam, whose first steps move every
   # parameter by about the learning rate however noisy its gradient: from
   # the shipped policy (29.5% held-out), 40 iterations at 2e-4 lost 6 points
@@ -237,4 +256,9 @@ def get_config(arg=None):
     c.eval_every = 10
     c.ckpt_every = 10
     c.sft_eval_tasks = 4
+    if not from_shipped:
+      c.pipeline.sft2 = {"data": {"kinds": PHASE2["data"]["kinds"], "num_tasks": 32,
+                                  "copy_warmup": 0},
+                         "total_steps": 4,
+                         "optimizer": {"warmup_steps": 1, "decay_steps": 0}}
   return c

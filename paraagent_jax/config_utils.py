@@ -297,6 +297,11 @@ def train_defaults() -> ml_collections.ConfigDict:
   c.rl = rl_stage.rl_defaults()
   c.pipeline = ml_collections.ConfigDict()
   c.pipeline.stages = ("demos", "sft", "rl")
+  # A second SFT phase ("sft2" in pipeline.stages): these keys (nested like
+  # the config, e.g. {"seq_len": 2048, "data": {"kinds": (...)}}) replace the
+  # run's for that stage, which starts from WORKDIR/sft's weights with its
+  # tokenizer and builds its own demonstrations (WORKDIR/sft2/demos).
+  c.pipeline.sft2 = ml_collections.ConfigDict()
   # Test hooks, off by default. nan_at_step=N > 0: the parameters turn to
   # NaN right before optimizer step N (SFT and RL), to test the NaN stop.
   c.debug = ml_collections.ConfigDict(dict(nan_at_step=0))

@@ -456,21 +456,29 @@ def run_pipeline(config, workdir: str) -> dict:
   SFT checkpoint.
   """
   results = {}
-  previous = ""
+  previous, previous_cfg = "", None
   for stage in config.pipeline.stages:
-    if stage not in ("demos", "sft", "rl"):
+    if stage not in ("demos", "sft", "sft2", "rl"):
       raise config_utils.ConfigError(f"pipeline.stages: unknown stage "
-                                     f"{stage!r}; expected demos, sft, rl")
+                                     f"{stage!r}; expected demos, sft, sft2, rl")
     sub = os.path.join(workdir, stage)
     done = os.path.join(sub, DONE_FILE)
     stage_cfg = ml_collections.ConfigDict(config.to_dict())
-    stage_cfg.stage = stage
+    stage_cfg.stage = "sft" if stage == "sft2" else stage
     if stage in ("sft", "rl") and "data_dir" in stage_cfg.data and not (
         stage_cfg.data.data_dir) and "demos" in config.pipeline.stages:
       stage_cfg.data.data_dir = os.path.join(workdir, "demos")
-    if stage == "rl" and previous == "sft":
+    if stage == "sft2":
+      if previous != "sft":
+        raise config_utils.ConfigError("pipeline.stages: sft2 must follow sft")
+      _merge(stage_cfg, config.pipeline.get("sft2", {}), "pipeline.sft2")
+      # Phase 1's weights and tokenizer; demonstrations of its own mix.
       stage_cfg.init_from = os.path.join(workdir, "sft")
-    previous = stage
+      stage_cfg.data.tokenizer = rl_stage.tokenizer_path(previous_cfg)
+      stage_cfg.data.data_dir = ""
+    if stage == "rl" and previous in ("sft", "sft2"):
+      stage_cfg.init_from = os.path.join(workdir, previous)
+    previous, previous_cfg = stage, stage_cfg
     if os.path.exists(done):
       print(f"pipeline: {stage} already done ({done})", flush=True)
       continue
@@ -494,6 +502,18 @@ def _read_json(path: str) -> dict | None:
     return json.load(f)
 
 
+def _merge(config, overrides, where: str) -> None:
+  """Sets nested ``overrides`` (a dict/ConfigDict) into ``config`` in place."""
+  for key, value in dict(overrides).items():
+    if key not in config:
+      raise config_utils.ConfigError(f"{where}.{key}: not a config key")
+    if isinstance(value, (dict, ml_collections.ConfigDict)) and isinstance(
+        config[key], ml_collections.ConfigDict):
+      _merge(config[key], value, f"{where}.{key}")
+    else:
+      config[key] = value
+
+
 def pipeline_summary(config, workdir: str) -> str:
   """The closing lines of a pipeline: what each stage reached, where it wrote.
 
@@ -508,11 +528,11 @@ def pipeline_summary(config, workdir: str) -> str:
       kept = {s: (st.get(s) or {}).get("kept") for s in ("train", "test")}
       lines.append(f"  demos  {kept['train']} train + {kept['test']} test "
                    f"demonstrations and their tasks in {sub}")
-    elif stage == "sft":
+    elif stage in ("sft", "sft2"):
       ev = _read_json(os.path.join(sub, sft_stage.EVAL_FILE))
       got = (f"held-out greedy success {ev['success']:.1%} (multi-tool "
              f"{ev.get('success_multi_tool', 0.0):.1%})" if ev else "trained")
-      lines.append(f"  sft    {got}; checkpoints in {sub}/checkpoints")
+      lines.append(f"  {stage:<6} {got}; checkpoints in {sub}/checkpoints")
     elif stage == "rl":
       paired = _read_json(os.path.join(sub, rl_stage.PAIRED_FILE))
       if paired:
@@ -536,6 +556,7 @@ def pipeline_summary(config, workdir: str) -> str:
 
 STAGES: dict[str, Callable[[Any, str], Any]] = {
     "sft": run_sft,
+    "sft2": run_sft,
     "rl": rl_stage.run_rl,
     "demos": run_demos,
     "pipeline": run_pipeline,

@@ -3,6 +3,9 @@
   python scripts/ship_demo_sft.py --workdir=/tmp/sft_long --out=pretrained/demo_sft \
       --wall="1 h 27 min" --command="python -m paraagent_jax.train ..."
 
+A recipe in phases (phase 2 started from phase 1's weights): ``--before=``
+phase 1's workdir and one ``--command`` per phase, in order.
+
 Exports the newest checkpoint with `paraagent_jax.export_hf` (safetensors,
 config.json, the demo tokenizer with the ParaAct chat template), writes a
 README.md with the command, wall time, a summary of the training log
@@ -54,7 +57,12 @@ def main():
   ap = argparse.ArgumentParser()
   ap.add_argument("--workdir", required=True, help="the finished SFT stage directory")
   ap.add_argument("--out", required=True)
-  ap.add_argument("--command", required=True, help="the command that trained it")
+  ap.add_argument("--command", required=True, action="append",
+                  help="the command that trained it (repeat, in order, for a "
+                  "recipe in phases)")
+  ap.add_argument("--before", action="append", default=[],
+                  help="the workdir of an earlier phase (repeat, in order): its "
+                  "training log is summarised first")
   ap.add_argument("--wall", required=True, help="its wall time, as measured")
   ap.add_argument("--machine", default="2-core CPU VM (24 GB), JAX on CPU")
   args = ap.parse_args()
@@ -71,6 +79,15 @@ def main():
   m = config.model
   with open(os.path.join(args.out, "config.json")) as f:
     vocab = json.load(f)["vocab_size"]
+  log_lines = []
+  phases = args.before + [args.workdir]
+  for i, wd in enumerate(phases):
+    cfg = config if wd == args.workdir else export_hf.load_run_config(wd)
+    if len(phases) > 1:
+      log_lines += [f"Phase {i + 1} ({wd}; steps count from 1 in each phase):", ""]
+    log_lines += log_summary(wd, int(cfg.data.get("copy_warmup", 0)),
+                             int(cfg.data.get("turn_warmup", 0)),
+                             int(cfg.data.get("copy_every", 0))) + [""]
   n_params = sum(os.path.getsize(os.path.join(args.out, f)) for f in summary["files"]
                  if f.endswith(".safetensors")) // 4
   readme = [
@@ -88,7 +105,7 @@ def main():
       "",
       "## How it was made",
       "",
-      f"    {args.command}",
+      *[f"    {c}" for c in args.command],
       f"    python scripts/ship_demo_sft.py --workdir=WORKDIR --out={args.out} ...",
       "",
       f"Wall time of the training command: {args.wall} on a {args.machine}.",
@@ -96,9 +113,7 @@ def main():
       "",
       "## Training log (WORKDIR/metrics.jsonl)",
       "",
-      *log_summary(args.workdir, int(config.data.get("copy_warmup", 0)),
-                   int(config.data.get("turn_warmup", 0)),
-                   int(config.data.get("copy_every", 0))),
+      *log_lines,
       "",
       f"## Greedy ParaAct on {ev.get('num_tasks')} held-out test-split tasks "
       "(providers never seen in training; the 50,011-tool catalog searched as usual)",

@@ -134,7 +134,16 @@ def test_demo_variants_start_from_the_right_policy():
   for arg in (":from_scratch=True", ":stage=sft,budget=long", ":runlocal,from_scratch=True"):
     c = cu.load_config(DEMO + arg)
     assert c.init_from == "" and c.data.tokenizer == "", arg
-    assert tuple(c.pipeline.stages) == ("demos", "sft", "rl"), arg
+    # From scratch, the pipeline runs both SFT phases of the shipped recipe.
+    want = ("demos", "sft", "rl") if "stage=sft" in arg else ("demos", "sft", "sft2", "rl")
+    assert tuple(c.pipeline.stages) == want, arg
+  scratch = cu.load_config(DEMO + ":from_scratch=True")
+  phase2 = cu.load_config(DEMO + ":stage=sft,budget=long2,init_from=/x")
+  assert scratch.pipeline.sft2.total_steps == phase2.total_steps
+  assert tuple(scratch.pipeline.sft2.data.kinds) == tuple(phase2.data.kinds)
+  assert phase2.data.tokenizer == "/x/demos/tokenizer" and phase2.data.copy_warmup == 0
+  with pytest.raises(cu.ConfigError, match="init_from"):
+    cu.load_config(DEMO + ":stage=sft,budget=long2")
   long, short = (cu.load_config(DEMO + f":stage=sft,budget={b}") for b in ("long", "short"))
   warm = long.data.copy_warmup + long.data.turn_warmup
   assert short.total_steps - warm < long.total_steps - warm

@@ -63,7 +63,7 @@ def test_quickstart_runs_end_to_end(tmp_path):
   assert "success:    True" in out
   assert re.findall(r"success=(\w+)", out) == ["True"] * 4
   # Section 3: every stage finished and logged.
-  for stage in ("demos", "sft", "rl"):
+  for stage in ("demos", "sft", "sft2", "rl"):
     assert os.path.exists(os.path.join(work, stage, "DONE.json")), stage
   assert os.path.exists(os.path.join(work, "rl", "metrics.jsonl"))
   assert os.listdir(os.path.join(work, "sft", "tb"))   # TensorBoard events

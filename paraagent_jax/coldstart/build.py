@@ -131,7 +131,7 @@ def build_demonstrations(config, out_dir: str) -> dict:
   seed = int(_get(data, "seed", 0))
   num_tasks = int(_get(data, "num_tasks", 100))
   num_test = int(_get(data, "test_tasks", max(8, num_tasks // 10)))
-  kinds = tuple(_get(data, "kinds", toolenv.KINDS))
+  kinds = tuple(_get(data, "kinds", ()) or toolenv.KINDS)   # () = all
   t0 = time.time()
   catalog = toolenv.load_catalog(_get(data, "catalog", "procedural"), seed=seed)
   gen = toolenv.TaskGenerator(catalog, seed=seed)
