@@ -386,6 +386,15 @@ def summarize(tasks, episodes) -> dict[str, float]:
   return out
 
 
+def _running_mean(values, window: int) -> list[float]:
+  """Mean of the last ``window`` values at each position (fewer at the start)."""
+  out = []
+  for i in range(len(values)):
+    part = values[max(0, i - window + 1):i + 1]
+    out.append(sum(part) / len(part))
+  return out
+
+
 def save_curve(workdir: str) -> str | None:
   """Plots success and each level's mean reward per iteration to rl_curve.png."""
   from paraagent_jax import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
@@ -402,11 +411,20 @@ def save_curve(workdir: str) -> str | None:
   from matplotlib.ticker import MaxNLocator  # pylint: disable=g-import-not-at-top
   fig, axes = plt.subplots(1, 2, figsize=(11, 4))
   it = [r["step"] for r in rows]   # the RL stage logs one record per iteration
-  axes[0].plot(it, [r["train/rollout/success"] for r in rows], label="rollout (sampled)")
+  # Few iterations: markers, so single points show; many: the per-iteration
+  # values thin, with their 5-iteration running mean over them.
+  style = "o-" if len(rows) <= 20 else "-"
+  succ = [r["train/rollout/success"] for r in rows]
+  if len(rows) > 20:
+    axes[0].plot(it, succ, lw=0.8, alpha=0.45, color="C0", label="rollout (sampled)")
+    axes[0].plot(it, _running_mean(succ, 5), lw=2.0, color="C0",
+                 label="rollout, 5-iteration mean")
+  else:
+    axes[0].plot(it, succ, style, color="C0", label="rollout (sampled)")
   ev = [r for r in records if "eval/success" in r]
   if ev:
     axes[0].plot([r["step"] for r in ev], [r["eval/success"] for r in ev], "o-",
-                 label="held-out greedy")
+                 color="C1", label="held-out greedy")
   # Success is a fraction: a fixed 0-1 axis, so 0% reads as 0%, not as an
   # axis squeezed around a flat line.
   axes[0].set_ylim(-0.02, 1.02)
@@ -414,9 +432,9 @@ def save_curve(workdir: str) -> str | None:
   axes[0].set_ylabel("fraction of tasks solved")
   for key in ("traj_reward", "phase_reward", "step_reward"):
     axes[1].plot(it, [r.get(f"train/rollout/{key}", float("nan")) for r in rows],
-                 label=key.split("_")[0])
+                 style, label=key.split("_")[0])
   axes[1].axhline(0.0, color="0.7", lw=0.8, zorder=0)
-  axes[1].set_title("mean reward of the sampled episodes, per level")
+  axes[1].set_title("mean reward per level (sampled episodes)")
   axes[1].set_ylabel("reward")
   for ax in axes:
     ax.set_xlabel("RL iteration")

@@ -208,3 +208,17 @@ def test_rl_optimizer_has_its_own_rate_and_schedule_length(tok_dir):
   c.rl.schedule = "exponential"
   with pytest.raises(config_utils.ConfigError, match="optimizer \\(rl\\)"):
     rl_stage.rl_optimizer_config(c)
+
+
+def test_learning_curve_running_mean_and_png(tmp_path):
+  assert rl_stage._running_mean([1, 0, 1, 0, 1, 1], 3) == pytest.approx(
+      [1.0, 0.5, 2 / 3, 1 / 3, 2 / 3, 2 / 3])
+  # 30 iterations (the thin line + running mean branch) and an evaluation.
+  rows = [{"step": i, "train/rollout/success": (i % 3) / 3, "train/rollout/traj_reward": 0.1,
+           "train/rollout/phase_reward": 0.5, "train/rollout/step_reward": 0.2}
+          for i in range(1, 31)] + [{"step": 30, "eval/success": 0.4}]
+  with open(tmp_path / "metrics.jsonl", "w") as f:
+    f.writelines(json.dumps(r) + "\n" for r in rows)
+  path = rl_stage.save_curve(str(tmp_path))
+  with open(path, "rb") as f:
+    assert f.read(8) == b"\x89PNG\r\n\x1a\n"
