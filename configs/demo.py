@@ -9,18 +9,20 @@ Run::
   python -m paraagent_jax.train --config=configs/demo.py --workdir=/tmp/demo
   python -m paraagent_jax.train --config=configs/demo.py:from_scratch=True --workdir=/tmp/x
   python -m paraagent_jax.train --config=configs/demo.py:stage=sft,budget=long --workdir=/tmp/y
+  python -m paraagent_jax.train --config=configs/demo.py:stage=sft,budget=long2,init_from=/tmp/y --workdir=/tmp/y2
   python -m paraagent_jax.train --config=configs/demo.py:runlocal --workdir=/tmp/z
   python -m paraagent_jax.train --config=configs/demo.py:runlocal,from_scratch=True --workdir=/tmp/w
 
 The default pipeline builds the demonstrations and tasks (WORKDIR/demos),
 then runs RL (WORKDIR/rl) from the shipped SFT policy (`SHIPPED_SFT`,
-trained once by the ``stage=sft,budget=long`` recipe below; its README says
-how and what it scores): RL evaluates that policy greedily on 200 held-out
-tasks first, trains, evaluates again and compares the two per task.
-``from_scratch=True`` reruns the long SFT too (WORKDIR/sft, ~1.5 h on 2 CPU
-cores) and RL starts from it. ``stage`` is "pipeline", "demos", "sft" or
-"rl"; ``budget`` ("long" or "short": 225 demonstration steps, ~30 minutes)
-sizes the SFT; ``size`` picks the model preset ("demo" or "tiny");
+trained once by the ``stage=sft,budget=long`` recipe below and then the
+``budget=long2`` phase from its weights; its README says how and what it
+scores): RL evaluates that policy greedily on 200 held-out tasks first,
+trains, evaluates again and compares the two per task. ``from_scratch=True``
+reruns both SFT phases too (WORKDIR/sft and WORKDIR/sft2, ~2 h 15 min on 2
+CPU cores) and RL starts from the second. ``stage`` is "pipeline", "demos",
+"sft" or "rl"; ``budget`` ("long"; "long2", phase 2, with ``init_from=`` the
+phase-1 workdir; or "short": 225 demonstration steps, ~30 minutes) sizes the SFT; ``size`` picks the model preset ("demo" or "tiny");
 ``runlocal`` shrinks the pipeline to a smoke run of a few minutes (RL from
 the shipped policy; with ``from_scratch=True``, a tiny SFT first).
 """
