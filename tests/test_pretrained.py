@@ -102,13 +102,19 @@ def test_damaged_copy_is_refused_with_one_line(damaged, tmp_path):
 def test_smoke_run_rl_updates_and_reports_spread(tmp_path):
   """configs/demo.py:runlocal: RL from the shipped policy has groups with
   reward spread, so the smoke run's update is real (a 20-step model failed
-  every episode alike and RL never updated)."""
+  every episode alike and RL never updated). In a subprocess, so that its
+  memory is returned before the next test."""
   from paraagent_jax import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
-  from paraagent_jax import train  # pylint: disable=g-import-not-at-top
-  config = _demo_config(":runlocal,stage=rl,rl.iterations=1,rl.eval_tasks=1")
-  config.progress = False
-  assert config.init_from == SHIPPED
-  train.run(config, str(tmp_path))
+  assert _demo_config(":runlocal").init_from == SHIPPED
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+  env.pop("XLA_FLAGS", None)
+  proc = subprocess.run(
+      [sys.executable, "-m", "paraagent_jax.train",
+       "--config=configs/demo.py:runlocal,stage=rl,rl.iterations=1,rl.eval_tasks=1,progress=False",
+       f"--workdir={tmp_path}"], cwd=ROOT, env=env, capture_output=True, text=True,
+      timeout=900)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "spread " in proc.stdout and "no update" not in proc.stdout, proc.stdout
   (row,) = [r for r in metrics_lib.read_jsonl(str(tmp_path / "metrics.jsonl"))
             if "train/loss" in r]
   assert row["train/rollout/traj_spread_groups"] > 0, row
