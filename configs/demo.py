@@ -57,14 +57,6 @@ PHASE2 = {
 }
 
 
-def _merge(c, overrides):
-  for k, v in overrides.items():
-    if isinstance(v, dict):
-      _merge(c[k], v)
-    else:
-      c[k] = v
-
-
 def get_config(arg=None):
   """The demo config; ``arg`` is ``key=value,...``."""
   a = config_utils.parse_arg(arg, stage="pipeline", size="demo", budget="long",
@@ -170,7 +162,7 @@ def get_config(arg=None):
   c.optimizer.warmup_steps = 20
   c.optimizer.weight_decay = 0.01
   if a.budget == "long2":
-    _merge(c, PHASE2)
+    config_utils.merge_nested(c, PHASE2, "PHASE2")
     # Phase 1's tokenizer: an HF directory carries it; a phase-1 workdir
     # has it with its demonstrations (data.tokenizer= overrides).
     c.data.tokenizer = (init_from if os.path.exists(os.path.join(init_from, "tokenizer.json"))

@@ -306,3 +306,19 @@ def train_defaults() -> ml_collections.ConfigDict:
   # NaN right before optimizer step N (SFT and RL), to test the NaN stop.
   c.debug = ml_collections.ConfigDict(dict(nan_at_step=0))
   return c
+
+
+def merge_nested(config, overrides, where: str = "overrides") -> None:
+  """Sets nested ``overrides`` (a dict/ConfigDict) into ``config`` in place.
+
+  Raises:
+    ConfigError: a key that ``config`` does not have (named by ``where``).
+  """
+  for key, value in dict(overrides).items():
+    if key not in config:
+      raise ConfigError(f"{where}.{key}: not a config key")
+    if isinstance(value, (dict, ml_collections.ConfigDict)) and isinstance(
+        config[key], ml_collections.ConfigDict):
+      merge_nested(config[key], value, f"{where}.{key}")
+    else:
+      config[key] = value

@@ -471,7 +471,7 @@ def run_pipeline(config, workdir: str) -> dict:
     if stage == "sft2":
       if previous != "sft":
         raise config_utils.ConfigError("pipeline.stages: sft2 must follow sft")
-      _merge(stage_cfg, config.pipeline.get("sft2", {}), "pipeline.sft2")
+      config_utils.merge_nested(stage_cfg, config.pipeline.get("sft2", {}), "pipeline.sft2")
       # Phase 1's weights and tokenizer; demonstrations of its own mix.
       stage_cfg.init_from = os.path.join(workdir, "sft")
       stage_cfg.data.tokenizer = rl_stage.tokenizer_path(previous_cfg)
@@ -500,18 +500,6 @@ def _read_json(path: str) -> dict | None:
     return None
   with open(path) as f:
     return json.load(f)
-
-
-def _merge(config, overrides, where: str) -> None:
-  """Sets nested ``overrides`` (a dict/ConfigDict) into ``config`` in place."""
-  for key, value in dict(overrides).items():
-    if key not in config:
-      raise config_utils.ConfigError(f"{where}.{key}: not a config key")
-    if isinstance(value, (dict, ml_collections.ConfigDict)) and isinstance(
-        config[key], ml_collections.ConfigDict):
-      _merge(config[key], value, f"{where}.{key}")
-    else:
-      config[key] = value
 
 
 def pipeline_summary(config, workdir: str) -> str:

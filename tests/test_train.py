@@ -219,10 +219,10 @@ def test_pipeline_sft2_needs_sft_and_known_keys(tmp_path):
   with pytest.raises(config_utils.ConfigError, match="sft2 must follow sft"):
     train.run_pipeline(c, str(tmp_path))
   cfg = tiny_config()
-  train._merge(cfg, {"optimizer": {"learning_rate": 0.5}, "total_steps": 3}, "x")
+  config_utils.merge_nested(cfg, {"optimizer": {"learning_rate": 0.5}, "total_steps": 3}, "x")
   assert cfg.optimizer.learning_rate == 0.5 and cfg.total_steps == 3
   with pytest.raises(config_utils.ConfigError, match="x.optimizer.lr: not a config key"):
-    train._merge(cfg, {"optimizer": {"lr": 0.5}}, "x")
+    config_utils.merge_nested(cfg, {"optimizer": {"lr": 0.5}}, "x")
 
 
 def test_wrong_key_and_missing_hf_dir_stop_with_one_line(tmp_path):
