@@ -92,6 +92,11 @@ def rl_defaults() -> ml_collections.ConfigDict:
   c.max_turn_tokens = 160
   c.max_len = 1536
   c.max_obs_tokens = 256
+  # Token lengths the RL batch is cut to ("1024,1536": the smallest that
+  # holds the batch's longest episode, else max_len): the update then costs
+  # the batch's own length, not max_len, for one compilation per length.
+  # "" = every batch is max_len long.
+  c.length_buckets = ""
   c.eval_every = 5              # iterations; 0 = only at the end
   c.eval_tasks = 40             # held-out test tasks (kinds round robin)
   c.ckpt_every = 1              # iterations between checkpoints (and the last)
@@ -109,6 +114,21 @@ def rl_defaults() -> ml_collections.ConfigDict:
       aggregation="token_mean", levels="traj,phase,step", normalize="mean_std",
       drop_no_spread_groups=True, mask_truncated=False))
   return c
+
+
+def length_buckets(rl) -> list[int]:
+  """``rl.length_buckets`` as a list of ints (checked: positive integers)."""
+  from paraagent_jax import config_utils  # pylint: disable=g-import-not-at-top
+  spec = str(rl.get("length_buckets", "") or "")
+  try:
+    out = [int(x) for x in spec.split(",") if x.strip()]
+  except ValueError:
+    out = [0]
+  if any(b <= 0 for b in out):
+    raise config_utils.ConfigError(
+        f"rl.length_buckets={spec!r}: expected comma-separated positive token counts "
+        "(e.g. 1024,1536) or \"\"")
+  return out
 
 
 def _levels(spec: Any) -> tuple[str, ...]:
@@ -494,11 +514,13 @@ def run_rl(config: ml_collections.ConfigDict, workdir: str) -> dict:
   from paraagent_jax import metrics as metrics_lib
   from paraagent_jax import tokenizer as tok_lib
   from paraagent_jax import train as train_lib
+  from paraagent_jax.rl import batch as batch_lib
   from paraagent_jax.rl import grpo
   from paraagent_jax.rl import train_step as ts
   # pylint: enable=g-import-not-at-top
   rl = config.rl
   task_sampling(rl)   # checked before the evaluation, not at iteration 1
+  buckets = length_buckets(rl)
   tpath = tokenizer_path(config)
   if not tpath or not os.path.exists(tpath):
     raise config_utils.ConfigError(
@@ -585,8 +607,9 @@ def run_rl(config: ml_collections.ConfigDict, workdir: str) -> dict:
                                 seed=iteration_seed(t.rng, it))
       t_roll = time.perf_counter() - t0
       batch = res.trajectory_batch()
+      t_len = batch_lib.trim_length(batch.seq_len, buckets, rl.max_len)
+      batch = batch_lib.trim_tokens(batch, t_len)
       if rl.token_budget:
-        from paraagent_jax.rl import batch as batch_lib  # pylint: disable=g-import-not-at-top
         batch, _ = batch_lib.apply_token_budget(batch, rl.token_budget)
       batch = jax.device_put(batch, ts.data_sharding(batch, mesh))
       outs = []
@@ -614,6 +637,7 @@ def run_rl(config: ml_collections.ConfigDict, workdir: str) -> dict:
           "rollout/step_reward": float(np.sum(arr["step_reward"] * arr["step_mask"])
                                        / max(1.0, np.sum(arr["step_mask"]))),
           "rollout/turns": float(np.mean([e["turns"] for e in res.episodes])),
+          "rollout/batch_len": float(t_len),
           "time/rollout_s": t_roll, "time/iteration_s": time.perf_counter() - t0})
       m.update(kind_rollout_metrics(group_tasks, res.episodes))
       m["rollout/traj_spread_groups"] = traj_spread_fraction(arr["traj_reward"], g)

@@ -481,3 +481,44 @@ def test_qwen3_step_on_2x2x2_mesh_matches_one_device():
   assert_trees_close(p1, p8, 1e-4)
   shardings = [x.sharding for x in jax.tree.leaves(state8)]
   assert any(not s.is_fully_replicated for s in shardings)
+
+
+def test_trimmed_batch_gives_the_padded_batch_step():
+  """RL's length buckets (`batch.trim_tokens`): a Qwen3 GRPO step on a batch
+  cut to its longest episode equals the step on the max_len-padded batch."""
+  from paraagent_jax.models import qwen3  # pylint: disable=g-import-not-at-top
+  mesh = mesh_of((1, 1, 1))
+  cfg = qwen3.Qwen3Config.preset("tiny")
+  short = batch_lib.synthetic_batch(7, batch_size=B, seq_len=24, num_steps=S, num_phases=P,
+                                    group_size=4, vocab_size=cfg.vocab_size)
+  # The same episodes in rows of 40: padding (ids 0, all masks 0) after them.
+  pad = {f: jnp.pad(getattr(short, f), ((0, 0), (0, 16))) for f in
+         ("tokens", "loss_mask", "old_logprobs", "ref_logprobs", "step_id", "phase_id",
+          "attention_mask")}
+  pad["token_kind"] = jnp.pad(short.token_kind, ((0, 0), (0, 16)),
+                              constant_values=batch_lib.KIND_ENV)
+  padded = short.replace(**pad)
+  assert batch_lib.trim_length(padded.seq_len, [16, 24, 32], 40) == 24
+  assert batch_lib.trim_length(padded.seq_len, [8, 16], 40) == 40
+  trimmed = batch_lib.trim_tokens(padded, 24)
+  assert trimmed.tokens.shape == (B, 24)
+  for f in ("tokens", "loss_mask", "token_kind", "step_id"):
+    np.testing.assert_array_equal(getattr(trimmed, f), getattr(short, f))
+  with pytest.raises(ValueError, match="more than length"):
+    batch_lib.trim_tokens(padded, 8)
+
+  def one_step(batch):
+    model = qwen3.Qwen3(cfg, rngs=nnx.Rngs(0))
+    graphdef, state = nnx.split(model)
+    optimizer = ts.make_optimizer(ts.OptimizerConfig(learning_rate=1e-3, warmup_steps=0))
+    state, opt_state = ts.shard_train_state(state, optimizer, mesh)
+    step = grpo.make_train_step(graphdef, optimizer, grpo.GRPOConfig(beta=0.02), mesh)
+    state, _, m = step(state, opt_state, batch, jax.random.key(0))
+    return jax.tree.map(np.asarray, ts.split_params(state)[0]), jax.device_get(m)
+
+  p_pad, m_pad = one_step(padded)
+  p_trim, m_trim = one_step(trimmed)
+  for k in ("loss", "grad_norm", "kl", "entropy"):
+    np.testing.assert_allclose(m_pad[k], m_trim[k], rtol=1e-5, atol=1e-7, err_msg=k)
+  assert m_pad["grad_norm"] > 0
+  assert_trees_close(p_pad, p_trim, 1e-5)

@@ -3,6 +3,7 @@
 import json
 import os
 
+import ml_collections
 import pytest
 
 import toolenv
@@ -50,7 +51,8 @@ def rl_config(tok_dir, **rl):
 
 def test_rl_runs_logs_levels_and_checkpoints(tok_dir, tmp_path):
   d = str(tmp_path)
-  out = rl_stage.run_rl(rl_config(tok_dir, task_sampling="pass_rate"), d)
+  out = rl_stage.run_rl(rl_config(tok_dir, task_sampling="pass_rate",
+                                  length_buckets="256,512"), d)
   assert "success" in out and 0.0 <= out["success"] <= 1.0
   recs = metrics_lib.read_jsonl(os.path.join(d, "metrics.jsonl"))
   train = [r for r in recs if "train/rollout/success" in r]
@@ -63,6 +65,9 @@ def test_rl_runs_logs_levels_and_checkpoints(tok_dir, tmp_path):
     n = sum(v for k, v in r.items() if k.startswith("train/rollout/n_"))
     assert n == 4 * 2, r
     assert 0.0 <= r["train/rollout/traj_spread_groups"] <= 1.0
+    # The update ran on the batch cut to a length bucket (rows of the
+    # 2-turn episodes hold ~300-500 tokens, not max_len 768).
+    assert r["train/rollout/batch_len"] in (256.0, 512.0, 768.0)
   assert os.path.exists(os.path.join(d, "rl_curve.png"))
   assert os.listdir(os.path.join(d, "checkpoints")) == ["1"]
   # Per-task evaluations before/after on the same tasks, paired; the curve.
@@ -162,6 +167,15 @@ def test_no_update_is_said():
   assert "no update" in rl_stage.no_update_note({"dropped_episode_frac": 1.0})
   assert rl_stage.no_update_note({"dropped_episode_frac": 0.5}) == ""
   assert rl_stage.no_update_note({}) == ""
+
+
+def test_length_buckets_are_checked():
+  assert rl_stage.length_buckets(ml_collections.ConfigDict({"length_buckets": "1024, 1536"})) == [
+      1024, 1536]
+  assert rl_stage.length_buckets(ml_collections.ConfigDict({"length_buckets": ""})) == []
+  for bad in ("1024,x", "0,512", "-5"):
+    with pytest.raises(config_utils.ConfigError, match="length_buckets"):
+      rl_stage.length_buckets(ml_collections.ConfigDict({"length_buckets": bad}))
 
 
 def test_missing_tokenizer_is_a_config_error(tmp_path):
