@@ -217,9 +217,9 @@ def get_config(arg=None):
   c.rl.max_obs_tokens = 640
   c.rl.eval_every = 56               # before RL and at the end
   c.rl.eval_tasks = 200
-  # The update runs on the batch cut to its longest episode's bucket: a
-  # batch whose episodes all fit 1,536 tokens updates in ~14 s instead of
-  # ~24 s (the loss is the same; tests/test_grpo.py).
+  # The update's micro-batches hold episodes sorted by length, each padded
+  # to its own bucket, not all to max_len: the same update, less compute
+  # (tests/test_grpo.py; times in docs/cpu_demo.md).
   c.rl.length_buckets = "1024,1536"
   # 32 episodes of up to 1,536 tokens in one step took 15 GB (OOM-killed on
   # the 24 GB machine); 4 micro-batches of 8 keep it to a few GB.

@@ -92,10 +92,11 @@ def rl_defaults() -> ml_collections.ConfigDict:
   c.max_turn_tokens = 160
   c.max_len = 1536
   c.max_obs_tokens = 256
-  # Token lengths the RL batch is cut to ("1024,1536": the smallest that
-  # holds the batch's longest episode, else max_len): the update then costs
-  # the batch's own length, not max_len, for one compilation per length.
-  # "" = every batch is max_len long.
+  # Token lengths of the update's micro-batches ("1024,1536"): episodes are
+  # sorted by length and each micro-batch is padded to the smallest of these
+  # (or max_len) that holds it, one compilation per length, the same update
+  # (`train_step.build_sorted_train_step`). "" = one scan over micro-batches
+  # of max_len rows.
   c.length_buckets = ""
   c.eval_every = 5              # iterations; 0 = only at the end
   c.eval_tasks = 40             # held-out test tasks (kinds round robin)
@@ -514,7 +515,6 @@ def run_rl(config: ml_collections.ConfigDict, workdir: str) -> dict:
   from paraagent_jax import metrics as metrics_lib
   from paraagent_jax import tokenizer as tok_lib
   from paraagent_jax import train as train_lib
-  from paraagent_jax.rl import batch as batch_lib
   from paraagent_jax.rl import grpo
   from paraagent_jax.rl import train_step as ts
   # pylint: enable=g-import-not-at-top
@@ -550,7 +550,8 @@ def run_rl(config: ml_collections.ConfigDict, workdir: str) -> dict:
   except (ValueError, TypeError) as e:
     raise config_utils.ConfigError(f"rl.grpo: {e}") from None
   t = train_lib.build_train_state(config, mesh, optimizer, model_cfg, workdir)
-  step_fn = grpo.make_train_step(t.graphdef, optimizer, grpo_cfg, mesh)
+  step_fn = grpo.make_train_step(t.graphdef, optimizer, grpo_cfg, mesh,
+                                 lengths=buckets + [rl.max_len] if buckets else ())
   # beta > 0: the k3 KL pulls towards the policy RL started from, frozen (the
   # same parameters after a resume); beta = 0 never builds it.
   ref_state = (train_lib.initial_model_state(config, mesh, model_cfg)
@@ -607,9 +608,8 @@ def run_rl(config: ml_collections.ConfigDict, workdir: str) -> dict:
                                 seed=iteration_seed(t.rng, it))
       t_roll = time.perf_counter() - t0
       batch = res.trajectory_batch()
-      t_len = batch_lib.trim_length(batch.seq_len, buckets, rl.max_len)
-      batch = batch_lib.trim_tokens(batch, t_len)
       if rl.token_budget:
+        from paraagent_jax.rl import batch as batch_lib  # pylint: disable=g-import-not-at-top
         batch, _ = batch_lib.apply_token_budget(batch, rl.token_budget)
       batch = jax.device_put(batch, ts.data_sharding(batch, mesh))
       outs = []
@@ -637,7 +637,8 @@ def run_rl(config: ml_collections.ConfigDict, workdir: str) -> dict:
           "rollout/step_reward": float(np.sum(arr["step_reward"] * arr["step_mask"])
                                        / max(1.0, np.sum(arr["step_mask"]))),
           "rollout/turns": float(np.mean([e["turns"] for e in res.episodes])),
-          "rollout/batch_len": float(t_len),
+          "rollout/episode_tokens": float(np.mean(arr["seq_len"])),
+          "rollout/episode_tokens_max": float(np.max(arr["seq_len"])),
           "time/rollout_s": t_roll, "time/iteration_s": time.perf_counter() - t0})
       m.update(kind_rollout_metrics(group_tasks, res.episodes))
       m["rollout/traj_spread_groups"] = traj_spread_fraction(arr["traj_reward"], g)

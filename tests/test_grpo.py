@@ -483,42 +483,42 @@ def test_qwen3_step_on_2x2x2_mesh_matches_one_device():
   assert any(not s.is_fully_replicated for s in shardings)
 
 
-def test_trimmed_batch_gives_the_padded_batch_step():
-  """RL's length buckets (`batch.trim_tokens`): a Qwen3 GRPO step on a batch
-  cut to its longest episode equals the step on the max_len-padded batch."""
+@pytest.mark.parametrize("with_ref,mesh_shape", [(True, (1, 1, 1)), (False, (1, 1, 1)),
+                                                 (True, (2, 2, 2))])
+def test_length_sorted_micro_batches_equal_the_scan_step(with_ref, mesh_shape):
+  """`grpo.make_train_step(..., lengths=...)`: rows sorted by length, each
+  micro-batch padded to its own length, gives the scan step's update (two
+  steps of a tiny Qwen3; without ref_logprobs the KL reference is a model)."""
+  from paraagent_jax import sharding as shd  # pylint: disable=g-import-not-at-top
   from paraagent_jax.models import qwen3  # pylint: disable=g-import-not-at-top
-  mesh = mesh_of((1, 1, 1))
+  mesh = mesh_of(mesh_shape)
   cfg = qwen3.Qwen3Config.preset("tiny")
-  short = batch_lib.synthetic_batch(7, batch_size=B, seq_len=24, num_steps=S, num_phases=P,
-                                    group_size=4, vocab_size=cfg.vocab_size)
-  # The same episodes in rows of 40: padding (ids 0, all masks 0) after them.
-  pad = {f: jnp.pad(getattr(short, f), ((0, 0), (0, 16))) for f in
-         ("tokens", "loss_mask", "old_logprobs", "ref_logprobs", "step_id", "phase_id",
-          "attention_mask")}
-  pad["token_kind"] = jnp.pad(short.token_kind, ((0, 0), (0, 16)),
-                              constant_values=batch_lib.KIND_ENV)
-  padded = short.replace(**pad)
-  assert batch_lib.trim_length(padded.seq_len, [16, 24, 32], 40) == 24
-  assert batch_lib.trim_length(padded.seq_len, [8, 16], 40) == 40
-  trimmed = batch_lib.trim_tokens(padded, 24)
-  assert trimmed.tokens.shape == (B, 24)
-  for f in ("tokens", "loss_mask", "token_kind", "step_id"):
-    np.testing.assert_array_equal(getattr(trimmed, f), getattr(short, f))
-  with pytest.raises(ValueError, match="more than length"):
-    batch_lib.trim_tokens(padded, 8)
+  gcfg = grpo.GRPOConfig(beta=0.02, num_micro_batches=2)
+  batches = [batch_lib.synthetic_batch(40 + i, batch_size=B, seq_len=48, num_steps=S,
+                                       num_phases=P, group_size=4, vocab_size=cfg.vocab_size,
+                                       with_ref=with_ref) for i in range(2)]
+  lens = np.asarray(batches[0].seq_len)
+  assert lens.min() < 24 < lens.max()   # rows of unequal length, or this proves nothing
 
-  def one_step(batch):
+  def run(lengths):
     model = qwen3.Qwen3(cfg, rngs=nnx.Rngs(0))
+    shd.set_sharding_ctx(model, mesh)
     graphdef, state = nnx.split(model)
+    ref_state = None if with_ref else jax.tree.map(jnp.copy, state)
     optimizer = ts.make_optimizer(ts.OptimizerConfig(learning_rate=1e-3, warmup_steps=0))
     state, opt_state = ts.shard_train_state(state, optimizer, mesh)
-    step = grpo.make_train_step(graphdef, optimizer, grpo.GRPOConfig(beta=0.02), mesh)
-    state, _, m = step(state, opt_state, batch, jax.random.key(0))
-    return jax.tree.map(np.asarray, ts.split_params(state)[0]), jax.device_get(m)
+    step = grpo.make_train_step(graphdef, optimizer, gcfg, mesh, lengths=lengths)
+    out = []
+    for i, batch in enumerate(batches):
+      state, opt_state, m = step(state, opt_state, batch, jax.random.key(i),
+                                 ref_state=ref_state)
+      out.append(jax.device_get(m))
+    return jax.tree.map(np.asarray, ts.split_params(state)[0]), out
 
-  p_pad, m_pad = one_step(padded)
-  p_trim, m_trim = one_step(trimmed)
-  for k in ("loss", "grad_norm", "kl", "entropy"):
-    np.testing.assert_allclose(m_pad[k], m_trim[k], rtol=1e-5, atol=1e-7, err_msg=k)
-  assert m_pad["grad_norm"] > 0
-  assert_trees_close(p_pad, p_trim, 1e-5)
+  p_scan, m_scan = run(())
+  p_sort, m_sort = run((16, 32, 48))
+  for a, b in zip(m_scan, m_sort):
+    for k in ("loss", "grad_norm", "kl", "clip_frac", "adv/traj_std", "num_tokens"):
+      np.testing.assert_allclose(a[k], b[k], rtol=2e-5, atol=1e-7, err_msg=k)
+  assert 0 < m_sort[0]["padded_tokens"] < B * 48
+  assert_trees_close(p_scan, p_sort, 2e-5)

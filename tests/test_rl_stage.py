@@ -65,9 +65,9 @@ def test_rl_runs_logs_levels_and_checkpoints(tok_dir, tmp_path):
     n = sum(v for k, v in r.items() if k.startswith("train/rollout/n_"))
     assert n == 4 * 2, r
     assert 0.0 <= r["train/rollout/traj_spread_groups"] <= 1.0
-    # The update ran on the batch cut to a length bucket (rows of the
-    # 2-turn episodes hold ~300-500 tokens, not max_len 768).
-    assert r["train/rollout/batch_len"] in (256.0, 512.0, 768.0)
+    # The update ran on length-sorted micro-batches, each padded to a length
+    # bucket (the 2-turn episodes hold ~300-500 tokens, not max_len 768).
+    assert r["train/padded_tokens"] < 8 * 768
   assert os.path.exists(os.path.join(d, "rl_curve.png"))
   assert os.listdir(os.path.join(d, "checkpoints")) == ["1"]
   # Per-task evaluations before/after on the same tasks, paired; the curve.

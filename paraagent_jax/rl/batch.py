@@ -180,37 +180,6 @@ def apply_token_budget(batch: TrajectoryBatch,
   return mask_episodes(batch, keep), keep
 
 
-def trim_length(seq_len, buckets: Sequence[int], max_len: int) -> int:
-  """The smallest of ``buckets`` (and ``max_len``) that holds every episode.
-
-  ``seq_len``: [B] real tokens per episode. The train step compiles once per
-  distinct length, so a few buckets bound the compilations.
-  """
-  longest = int(np.max(np.asarray(seq_len))) if np.size(seq_len) else 0
-  for b in sorted(set(int(x) for x in buckets if 0 < int(x) < max_len)):
-    if longest <= b:
-      return b
-  return int(max_len)
-
-
-def trim_tokens(batch: TrajectoryBatch, length: int) -> TrajectoryBatch:
-  """The batch with its token axis cut to ``length`` (>= every ``seq_len``).
-
-  Padding after an episode's last real token has ``loss_mask == 0`` and
-  ``attention_mask == 0`` and, under a causal mask, changes nothing before
-  it: the loss and its gradients are those of the padded batch, at the cost
-  of ``length`` tokens a row instead of ``T``.
-  """
-  t = batch.tokens.shape[1]
-  if length >= t:
-    return batch
-  if int(np.max(np.asarray(batch.seq_len))) > length:
-    raise ValueError(f"trim_tokens: an episode has {int(np.max(np.asarray(batch.seq_len)))} "
-                     f"tokens, more than length={length}")
-  return batch.replace(**{f: getattr(batch, f)[:, :length] for f in _TOKEN_FIELDS
-                          if getattr(batch, f) is not None})
-
-
 def split_micro_batches(tree, num_micro_batches: int):
   """Reshapes every [B, ...] leaf to [M, B // M, ...] for a scan."""
   def split(x):

@@ -276,8 +276,13 @@ def make_train_step(model_graphdef, optimizer: optax.GradientTransformation,
                     config: GRPOConfig | Mapping[str, Any] | None,
                     mesh: jax.sharding.Mesh, *,
                     batch_axes: Sequence[str] = ts.DEFAULT_BATCH_AXES,
-                    ref_graphdef=None):
+                    ref_graphdef=None, lengths: Sequence[int] = ()):
   """The jitted, sharded GRPO step.
+
+  ``lengths`` (token lengths, e.g. ``(1024, 1536, 2048)``): micro-batches of
+  rows sorted by length, each padded to its own length
+  (`train_step.build_sorted_train_step`), instead of one scan over rows of
+  the batch's full length. Same update.
 
   Usage::
 
@@ -294,6 +299,11 @@ def make_train_step(model_graphdef, optimizer: optax.GradientTransformation,
     ``step_fn(state, opt_state, batch, rng, ref_state=None)``.
   """
   cfg = ts.config_from_mapping(GRPOConfig, config)
+  if lengths:
+    return ts.build_sorted_train_step(
+        model_graphdef, optimizer, grpo_loss_fns(cfg), mesh,
+        num_micro_batches=cfg.num_micro_batches, lengths=lengths,
+        batch_axes=batch_axes, ref_graphdef=ref_graphdef)
   return ts.build_train_step(
       model_graphdef, optimizer, grpo_loss_fns(cfg), mesh,
       num_micro_batches=cfg.num_micro_batches, batch_axes=batch_axes,

@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+import numpy as np
 import optax
 
 from paraagent_jax.rl import batch as batch_lib
@@ -318,6 +319,100 @@ def build_train_step(model_graphdef, optimizer: optax.GradientTransformation,
         state, opt_state, batch, rng, ref_state)
 
   step_fn.jitted = jitted  # For `paraagent_jax.dry_run` (lowering only).
+  return step_fn
+
+
+def build_sorted_train_step(model_graphdef, optimizer: optax.GradientTransformation,
+                            loss_fns: LossFns, mesh: jax.sharding.Mesh, *,
+                            num_micro_batches: int, lengths: Sequence[int],
+                            batch_axes: Sequence[str] = DEFAULT_BATCH_AXES,
+                            ref_graphdef=None):
+  """`build_train_step` for batches whose rows differ much in length.
+
+  RL batches hold whole episodes: a one-call task is a few hundred tokens, a
+  mixed one fills ``max_len``, and the scan of `build_train_step` pays
+  ``max_len`` for every row. Here the rows are sorted by ``batch.seq_len``
+  and cut into ``num_micro_batches`` micro-batches, each padded only to the
+  smallest of ``lengths`` that holds its longest row. ``prepare`` still runs
+  jitted on the whole batch (group-normalised advantages, the token-mean
+  denominator), each micro-batch's gradient is a jitted function compiled
+  once per length, and one jitted, donating update applies their sum: the
+  same update as `build_train_step`, up to float summation order.
+
+  Every leaf of ``prepare``'s inputs must be ``[B, T, ...]`` (true of the
+  GRPO and SFT losses); ``lengths`` should include T.
+
+  Returns:
+    ``step_fn(state, opt_state, batch, rng, ref_state=None) ->
+    (state, opt_state, metrics)``; ``metrics["padded_tokens"]`` is the rows x
+    length the micro-batches computed.
+  """
+  m = int(num_micro_batches)
+  lengths = sorted({int(x) for x in lengths if int(x) > 0})
+  replicated = NamedSharding(mesh, P())
+  shard_of = lambda t: jax.tree.map(
+      lambda x: x.sharding if isinstance(x.sharding, NamedSharding) else replicated, t)
+
+  def loss_of(params, rest, mb, ref_state):
+    ref_model = (None if ref_state is None
+                 else nnx.merge(ref_graphdef or model_graphdef,
+                                jax.lax.stop_gradient(ref_state)))
+    return loss_fns.micro_loss(nnx.merge(model_graphdef, params, rest), mb, ref_model)
+
+  grad_fn = jax.value_and_grad(loss_of, has_aux=True)
+
+  def micro_grad(params, rest, mb, ref_state, acc):
+    return jax.tree.map(jnp.add, acc, grad_fn(params, rest, mb, ref_state))
+
+  def update(state, opt_state, grads, loss, sums, metrics):
+    params, rest = split_params(state)
+    metrics = dict(loss_fns.finalize(sums, metrics))
+    metrics["loss"] = loss
+    metrics["grad_norm"] = optax.global_norm(grads)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    params = optax.apply_updates(params, updates)
+    return nnx.merge_state(params, rest), opt_state, metrics
+
+  jit_prepare = jax.jit(loss_fns.prepare)
+  jit_grad = {}
+  jit_update = {}
+
+  def step_fn(state, opt_state, batch, rng, ref_state=None):
+    del rng  # As in build_train_step.
+    seq_len = np.asarray(jax.device_get(batch.seq_len))
+    b = seq_len.shape[0]
+    if b % m:
+      raise ValueError(f"batch size {b} is not divisible by num_micro_batches={m}")
+    inputs, metrics = jit_prepare(batch)
+    t = batch.tokens.shape[1]
+    order = np.argsort(seq_len, kind="stable")
+    inputs = jax.tree.map(lambda x: x[order], inputs)
+    params, rest = split_params(state)
+    key = ref_state is None
+    if key not in jit_grad:
+      jit_grad[key] = jax.jit(micro_grad, donate_argnums=(4,))
+    acc, rows = None, b // m
+    padded = 0
+    for k in range(m):
+      longest = int(seq_len[order[(k + 1) * rows - 1]])
+      length = next((x for x in lengths if longest <= x <= t), t)
+      mb = jax.tree.map(lambda x: x[k * rows:(k + 1) * rows, :length], inputs)
+      mb = jax.device_put(mb, data_sharding(mb, mesh, batch_axes))
+      if acc is None:   # Zeros of (loss, sums), grads: one compiled add per length.
+        acc = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype),
+                           jax.eval_shape(grad_fn, params, rest, mb, ref_state))
+      acc = jit_grad[key](params, rest, mb, ref_state, acc)
+      padded += rows * length
+    (loss, sums), grads = acc
+    if "fn" not in jit_update:
+      jit_update["fn"] = jax.jit(
+          update, out_shardings=(shard_of(state), shard_of(opt_state), replicated),
+          donate_argnums=(0, 1))
+    state, opt_state, metrics = jit_update["fn"](state, opt_state, grads, loss, sums, metrics)
+    metrics = dict(metrics)
+    metrics["padded_tokens"] = float(padded)
+    return state, opt_state, metrics
+
   return step_fn
 
 
