@@ -234,6 +234,19 @@ class LossFns(NamedTuple):
   finalize: Callable[[dict, dict], dict]
 
 
+def apply_gradients(optimizer: optax.GradientTransformation, loss_fns: LossFns, state,
+                    opt_state, grads, loss, sums, metrics):
+  """The optimizer update from summed micro-batch gradients, and the step's
+  metrics (``finalize`` of the sums, ``loss``, ``grad_norm``)."""
+  params, rest = split_params(state)
+  metrics = dict(loss_fns.finalize(sums, metrics))
+  metrics["loss"] = loss
+  metrics["grad_norm"] = optax.global_norm(grads)
+  updates, opt_state = optimizer.update(grads, opt_state, params)
+  params = optax.apply_updates(params, updates)
+  return nnx.merge_state(params, rest), opt_state, metrics
+
+
 def build_train_step(model_graphdef, optimizer: optax.GradientTransformation,
                      loss_fns: LossFns, mesh: jax.sharding.Mesh, *,
                      num_micro_batches: int = 1,
@@ -286,12 +299,7 @@ def build_train_step(model_graphdef, optimizer: optax.GradientTransformation,
         return jax.tree.map(jnp.add, acc, out), None
 
       ((loss, sums), grads), _ = jax.lax.scan(body, zero, micro)
-    metrics = dict(loss_fns.finalize(sums, metrics))
-    metrics["loss"] = loss
-    metrics["grad_norm"] = optax.global_norm(grads)
-    updates, opt_state = optimizer.update(grads, opt_state, params)
-    params = optax.apply_updates(params, updates)
-    return nnx.merge_state(params, rest), opt_state, metrics
+    return apply_gradients(optimizer, loss_fns, state, opt_state, grads, loss, sums, metrics)
 
   replicated = NamedSharding(mesh, P())
   cache = {}
@@ -365,13 +373,7 @@ def build_sorted_train_step(model_graphdef, optimizer: optax.GradientTransformat
     return jax.tree.map(jnp.add, acc, grad_fn(params, rest, mb, ref_state))
 
   def update(state, opt_state, grads, loss, sums, metrics):
-    params, rest = split_params(state)
-    metrics = dict(loss_fns.finalize(sums, metrics))
-    metrics["loss"] = loss
-    metrics["grad_norm"] = optax.global_norm(grads)
-    updates, opt_state = optimizer.update(grads, opt_state, params)
-    params = optax.apply_updates(params, updates)
-    return nnx.merge_state(params, rest), opt_state, metrics
+    return apply_gradients(optimizer, loss_fns, state, opt_state, grads, loss, sums, metrics)
 
   jit_prepare = jax.jit(loss_fns.prepare)
   jit_grad = {}
