@@ -192,8 +192,8 @@ def get_config(arg=None):
   c.rl.learning_rate = 5e-5
   c.rl.warmup_steps = 0
   c.rl.schedule = "constant"
-  # ~35 s an iteration on 2 cores: 56 iterations, two 200-task evaluations
-  # and the demos fit the README command in 39 of its 45 minutes. From the
+  # ~30 s an iteration on 2 cores: 56 iterations, two 200-task evaluations
+  # and the demos fit the README command in 31 of its 45 minutes. From the
   # shipped policy, 40 iterations gained +2.5 points, 56 gained +6.0
   # (46.5% -> 52.5%, McNemar p = 0.017; docs/cpu_demo.md).
   c.rl.iterations = 56
