@@ -118,18 +118,17 @@ def rl_defaults() -> ml_collections.ConfigDict:
 
 
 def length_buckets(rl) -> list[int]:
-  """``rl.length_buckets`` as a list of ints (checked: positive integers)."""
-  from paraagent_jax import config_utils  # pylint: disable=g-import-not-at-top
+  """``rl.length_buckets`` as sorted update lengths ending at ``rl.max_len``
+  ([] = no buckets), parsed like ``data.length_bucket``."""
+  # pylint: disable=g-import-not-at-top
+  from paraagent_jax import config_utils
+  from paraagent_jax.data import demonstrations
+  # pylint: enable=g-import-not-at-top
   spec = str(rl.get("length_buckets", "") or "")
   try:
-    out = [int(x) for x in spec.split(",") if x.strip()]
-  except ValueError:
-    out = [0]
-  if any(b <= 0 for b in out):
-    raise config_utils.ConfigError(
-        f"rl.length_buckets={spec!r}: expected comma-separated positive token counts "
-        "(e.g. 1024,1536) or \"\"")
-  return out
+    return demonstrations.bucket_lengths(spec, int(rl.max_len))
+  except ValueError as e:
+    raise config_utils.ConfigError(f"rl.length_buckets: {e}") from None
 
 
 def _levels(spec: Any) -> tuple[str, ...]:
@@ -551,7 +550,7 @@ def run_rl(config: ml_collections.ConfigDict, workdir: str) -> dict:
     raise config_utils.ConfigError(f"rl.grpo: {e}") from None
   t = train_lib.build_train_state(config, mesh, optimizer, model_cfg, workdir)
   step_fn = grpo.make_train_step(t.graphdef, optimizer, grpo_cfg, mesh,
-                                 lengths=buckets + [rl.max_len] if buckets else ())
+                                 lengths=buckets)
   # beta > 0: the k3 KL pulls towards the policy RL started from, frozen (the
   # same parameters after a resume); beta = 0 never builds it.
   ref_state = (train_lib.initial_model_state(config, mesh, model_cfg)

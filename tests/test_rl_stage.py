@@ -170,12 +170,13 @@ def test_no_update_is_said():
 
 
 def test_length_buckets_are_checked():
-  assert rl_stage.length_buckets(ml_collections.ConfigDict({"length_buckets": "1024, 1536"})) == [
-      1024, 1536]
-  assert rl_stage.length_buckets(ml_collections.ConfigDict({"length_buckets": ""})) == []
+  def cfg(spec):
+    return ml_collections.ConfigDict({"length_buckets": spec, "max_len": 2048})
+  assert rl_stage.length_buckets(cfg("1024, 1536")) == [1024, 1536, 2048]
+  assert rl_stage.length_buckets(cfg("")) == []
   for bad in ("1024,x", "0,512", "-5"):
     with pytest.raises(config_utils.ConfigError, match="length_buckets"):
-      rl_stage.length_buckets(ml_collections.ConfigDict({"length_buckets": bad}))
+      rl_stage.length_buckets(cfg(bad))
 
 
 def test_missing_tokenizer_is_a_config_error(tmp_path):
