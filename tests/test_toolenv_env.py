@@ -10,6 +10,7 @@ import pytest
 
 import toolenv
 from toolenv import executor as ex
+from toolenv import values
 from toolenv import rewards as rw
 from toolenv.catalog import procedural
 from toolenv.schema import Call, Step
@@ -295,8 +296,8 @@ def test_list_items_of_a_schema_response_differ():
   sch = {"type": "object", "properties": {"items": {"type": "array", "items": {
       "type": "object", "properties": {"id": {"type": "string"},
                                        "name": {"type": "string"}}}}}}
-  out = ex.gen_from_schema(sch, ex._Draw(0, "tool{}"))  # pylint: disable=protected-access
+  out = ex.gen_from_schema(sch, values.Draw(0, "tool{}"))
   ids = [item["id"] for item in out["items"]]
   assert len(ids) == 3 and len(set(ids)) == 3, ids
-  assert out == ex.gen_from_schema(sch, ex._Draw(0, "tool{}"))  # pylint: disable=protected-access
-  assert out != ex.gen_from_schema(sch, ex._Draw(0, "tool{\"a\":1}"))  # pylint: disable=protected-access
+  assert out == ex.gen_from_schema(sch, values.Draw(0, "tool{}"))
+  assert out != ex.gen_from_schema(sch, values.Draw(0, "tool{\"a\":1}"))

@@ -6,8 +6,8 @@
   changes which tool ranks first.
 * `provider_tokens` keeps words naming at most 3 providers (hand example).
 * Record generation through compiled draw plans equals the reference
-  definition (`_gen_scalar` field by field on one `_Draw`) for every entity
-  of the procedural catalog; `_Draw` draws equal ``digest(*key, n)``.
+  definition (`gen_scalar` field by field on one `Draw`) for every entity
+  of the procedural catalog; `Draw` draws equal ``digest(*key, n)``.
 * `Executor.run_keyed` returns `canonical_call`'s key; one executor shared by
   a `VectorToolEnv` keeps episode states apart.
 """
@@ -19,6 +19,7 @@ import pytest
 
 import toolenv
 from toolenv import executor as ex
+from toolenv import values
 from toolenv import search
 from toolenv.schema import Call, Step
 from toolenv.search import SearchIndex, provider_tokens, tokenize
@@ -91,7 +92,7 @@ def test_provider_tokens_skip_words_shared_by_many_providers():
 def test_draw_matches_digest_definition():
   for key in [(0, "skyraly/station_id", "sta-3f2a1c"), ("v", 0.25), (),
               ("caf\u00e9", "\ud800 lone surrogate", 3)]:
-    d = ex._Draw(*key)  # pylint: disable=protected-access
+    d = values.Draw(*key)
     for n in range(1, 300, 37):
       d._n = n - 1  # pylint: disable=protected-access
       assert d.u() == ex.digest(*key, n) / 2.0**64
@@ -115,8 +116,8 @@ def test_record_plans_equal_reference_generation(cat):
     tag = f"{tool.provider}/{meta['id_field']}"
     for j in range(2):
       rid = f"{meta['id_prefix']}-{j:06x}"
-      d = ex._Draw(3, tag, rid)  # pylint: disable=protected-access
-      ref = {k: (rid if k == meta["id_field"] else ex._gen_scalar(v, d, k))  # pylint: disable=protected-access
+      d = values.Draw(3, tag, rid)
+      ref = {k: (rid if k == meta["id_field"] else values.gen_scalar(v, d, k))
              for k, v in schema.items()}
       assert e.record(tool, rid, state) == ref, (tool.name, rid)
   assert len(seen) > 5000     # every entity of the catalog was checked
@@ -143,7 +144,7 @@ def test_vector_env_shares_executor_not_state(cat):
   upd = create.meta["update_field"]
   value = cat[f"{create.name.split('_')[0]}_get_{create.meta['entity']}"].response[
       "properties"][upd]
-  arg = ex._gen_scalar(value, ex._Draw("t"), upd)  # pylint: disable=protected-access
+  arg = values.gen_scalar(value, values.Draw("t"), upd)
   r = env.step([Step("execute", [Call(create.name, {"name": "X 1", upd: arg})]), None])
   assert r[1] is None and "created" in r[0].observation
   assert env.envs[0].state["records"] and not env.envs[1].state["records"]

@@ -8,7 +8,22 @@
     observations = env.reset(tasks)
     steps = toolenv.oracle.solve(tasks[0], strategy="paraact")
 
-No JAX here: the policy is somebody else's business.
+Layer: pure Python (stdlib, numpy; bm25s for search and PyYAML for YAML
+specs, both imported when first needed). Never JAX, nothing from the ParaAgent
+policy package: the policy is somebody else's business; it imports toolenv,
+never the reverse. Modules, from the top down (each imports only ones below):
+
+    demo                        command-line demo
+    benchmarks/                 BFCL and StableToolBench adapters, fixed-tool env
+    env | oracle                the vectorised env; scripted oracle episodes
+    tasks/                      task generators (procedural, OpenAPI) and `Task`
+    executor | search | rewards the simulator; BM25 tool search; reward signals
+    validation                  argument checks, structured errors, call keys
+    values                      canonical JSON, hashes, values drawn from schemas
+    catalog/                    catalogs, their builders and cache
+    schema                      `Tool`, `Call`, `Step`, `StepResult`
+
+(``a | b``: neither imports the other.)
 """
 
 from toolenv import oracle, rewards

@@ -19,15 +19,15 @@ half the tokens, for small models whose cost grows with every context token.
 
 from __future__ import annotations
 
-import json
 from typing import Any, Sequence
 
 from toolenv import rewards as rw
-from toolenv.executor import (OBS_JSON, Executor, canonical_call, canonical_json, digest, error,
-                              is_error, state_key, with_defaults)
-from toolenv.schema import GET_TOOL_DOC, META_TOOLS, SEARCH_TOOLS, Call, Step, StepResult
+from toolenv.executor import Executor, state_key
+from toolenv.schema import META_TOOLS, SEARCH_TOOLS, Call, Step, StepResult
 from toolenv.search import SearchIndex, get_tool_doc, param_signature
 from toolenv.tasks import Task
+from toolenv.validation import canonical_call, error, is_error, with_defaults
+from toolenv.values import OBS_JSON, canonical_json, digest
 
 MAX_CALLS_PER_STEP = 16
 MAX_OBS_CHARS = 1500          # per call block

@@ -40,10 +40,9 @@ import os
 import re
 from typing import Any
 
-import bm25s
 import numpy as np
 
-from toolenv.catalog.store import Catalog, _atomic_write
+from toolenv.catalog.store import Catalog, atomic_write
 from toolenv.schema import Tool
 
 INDEX_VERSION = "2"
@@ -166,6 +165,20 @@ def get_tool_doc(catalog: Catalog, name: Any) -> dict[str, Any] | None:
           "parameters": params, "returns": returns}
 
 
+
+@functools.cache
+def _bm25s():
+  """The bm25s module, imported on first use.
+
+  Optional-at-import because bm25s runs a JAX op when imported (if JAX is
+  installed), which would fix JAX's device count before a caller (the dry
+  run, the 8-device tests) can set it.
+  """
+  # Optional heavy dependency, imported late: importing it runs a JAX op (above).
+  import bm25s  # pylint: disable=g-import-not-at-top
+  return bm25s
+
+
 class SearchIndex:
   """BM25 over a catalog's tool names, descriptions, providers and categories.
 
@@ -198,8 +211,8 @@ class SearchIndex:
     vocab: dict[str, int] = {}
     ids = [[vocab.setdefault(t, len(vocab)) for t in d] for d in docs]
     # A weak length penalty (b): longer descriptions list more capabilities.
-    retriever = bm25s.BM25(k1=1.2, b=0.3)
-    retriever.index(bm25s.tokenization.Tokenized(ids=ids, vocab=vocab),
+    retriever = _bm25s().BM25(k1=1.2, b=0.3)
+    retriever.index(_bm25s().tokenization.Tokenized(ids=ids, vocab=vocab),
                     show_progress=False)
     return cls(catalog, retriever, vocab)
 
@@ -215,7 +228,7 @@ class SearchIndex:
     index = None
     if d and os.path.isfile(os.path.join(d, "toolenv_vocab.json")):
       try:
-        retriever = bm25s.BM25.load(d, show_progress=False)
+        retriever = _bm25s().BM25.load(d, show_progress=False)
         with open(os.path.join(d, "toolenv_vocab.json"), "rb") as f:
           vocab = json.loads(f.read())
         index = cls(catalog, retriever, vocab)
@@ -232,7 +245,7 @@ class SearchIndex:
     """Writes the BM25 arrays, then our vocabulary last (its presence marks a full save)."""
     os.makedirs(d, exist_ok=True)
     self._bm25.save(d, show_progress=False)
-    _atomic_write(os.path.join(d, "toolenv_vocab.json"),
+    atomic_write(os.path.join(d, "toolenv_vocab.json"),
                   json.dumps(self._vocab, separators=(",", ":")).encode())
 
   def _scores(self, text: str) -> np.ndarray | None:

@@ -29,12 +29,17 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import random
 import re
 from typing import Any
 
+from toolenv import oracle
 from toolenv.catalog.bfcl import BFCLEntry, pooled_tools
-from toolenv.schema import Tool
+from toolenv.catalog.store import Catalog
+from toolenv.schema import META_TOOLS, Tool
+from toolenv.search import get_tool_doc
+from toolenv.tasks import Task
 
 _PY_TYPES = {"string": str, "integer": int, "float": float, "boolean": bool,
              "array": list, "tuple": list, "dict": dict, "any": str}
@@ -349,9 +354,6 @@ def _query(fn: dict[str, Any]) -> str:
 
 def _doc_block(tools: list[Tool]) -> str:
   """The closed setting's function list, as ``get_tool_doc`` would show it."""
-  import json  # pylint: disable=g-import-not-at-top
-  from toolenv.catalog.store import Catalog  # pylint: disable=g-import-not-at-top
-  from toolenv.search import get_tool_doc  # pylint: disable=g-import-not-at-top
   cat = Catalog(tools, name="given")
   return "\n".join(json.dumps(get_tool_doc(cat, t.name), ensure_ascii=False)
                    for t in tools)
@@ -369,8 +371,6 @@ def env_tasks(entries: list[BFCLEntry], setting: str = "open") -> EnvSet:
   task has no answer values: success is the BFCL checker's verdict on the
   calls (`score_episode`).
   """
-  from toolenv.tasks import Task  # pylint: disable=g-import-not-at-top
-  from toolenv.catalog.store import Catalog  # pylint: disable=g-import-not-at-top
   if setting not in ("closed", "open"):
     raise ValueError(f"setting must be 'closed' or 'open', got {setting!r}")
   bfcl_tasks, _ = make_tasks(entries, setting)
@@ -428,8 +428,6 @@ def oracle_steps(task, strategy: str, setting: str) -> list:
   In the closed setting the functions are given, so the search steps and
   search calls are dropped.
   """
-  from toolenv import oracle  # pylint: disable=g-import-not-at-top
-  from toolenv.schema import META_TOOLS  # pylint: disable=g-import-not-at-top
   steps = oracle.solve(task, strategy)
   # BFCL tasks have no answer values; the oracle still closes with a text.
   steps[-1] = dataclasses.replace(steps[-1], answer=f"Made {len(task.nodes)} call(s).")

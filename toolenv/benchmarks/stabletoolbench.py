@@ -43,10 +43,12 @@ from typing import Any, Sequence
 
 from toolenv.catalog import toolbench
 from toolenv.catalog.store import Catalog
-from toolenv.executor import Executor, _Draw, gen_from_schema
+from toolenv.executor import Executor
 from toolenv.rewards import value_in_answer
 from toolenv.schema import Tool
+from toolenv.search import get_tool_doc
 from toolenv.tasks import Task, fmt_value
+from toolenv.values import Draw, gen_from_schema
 
 NOT_COMPARABLE = (
     "StableToolBench here: tools are simulated by ToolEnv (schema-drawn responses, "
@@ -106,7 +108,7 @@ def gold_arguments(tool: Tool) -> dict[str, Any]:
     ok, v = _coerce(sch.get("default"), sch)
     if not ok:
       v = gen_from_schema({k: x for k, x in sch.items() if k != "default"},
-                          _Draw("stb-arg", tool.name, p), p)
+                          Draw("stb-arg", tool.name, p), p)
     args[p] = v
   return args
 
@@ -192,7 +194,6 @@ def env_tasks(query_files: Sequence[str] | str, tools_dir: str,
 
 
 def _doc(tool: Tool) -> dict[str, Any]:
-  from toolenv.search import get_tool_doc  # pylint: disable=g-import-not-at-top
   return get_tool_doc(Catalog([tool]), tool.name)
 
 

@@ -1,139 +1,34 @@
-"""Catalogs: the store, a registry of builders, and the on-disk cache.
+"""Catalogs: tool interfaces, their store, a registry of builders, the cache.
 
     cat = toolenv.load_catalog("procedural", seed=0)     # 50,011 tools
 
-A builder is any function ``fn(seed=0, **kw) -> Catalog | Iterable[Tool]``.
-Register one under a name and `load_catalog` builds it once, caches it under
-``$TOOLENV_CACHE`` (default ``~/.cache/toolenv``) and loads the cache after:
+Register a builder ``fn(seed=0, **kw) -> Catalog | Iterable[Tool]`` under a
+name and `load_catalog` builds it once, caches it under ``$TOOLENV_CACHE``
+(default ``~/.cache/toolenv``) and loads the cache after (`registry`). A name
+not registered yet is looked up as module ``toolenv.catalog.<name>`` with
+``importlib`` (a plug-in lookup: `registry` imports no builder statically).
 
-    from toolenv.catalog import register_builder
-    register_builder("openapi", build_openapi_catalog, version="3")
+Modules, from the top down (each imports only the ones below it; ``a | b``:
+neither imports the other):
 
-If a name is not registered, `load_catalog` imports ``toolenv.catalog.<name>``
-once (so a module that calls `register_builder` at import time is found), and
-failing that uses that module's ``build_catalog(seed=0, **kw)`` if it has one.
-Bump ``version`` whenever the builder's output changes: it is part of the
-cache key, so stale caches are never read.
+    build                          command line: builds and caches real catalogs
+    openapi                        OpenAPI selection and the registry builder
+    openapi_parse                  OpenAPI spec -> `Tool`s
+    openapi_source                 reading spec files and tarballs, the npm fetch
+    procedural | toolbench | bfcl  the procedural catalog; ToolBench, BFCL loaders
+    registry                       builders by name, `load_catalog`, the cache
+    store | valueflow | vocab      the `Catalog` store; value-flow tags; word lists
+
+Layer: the lowest part of toolenv, above `toolenv.schema` only (the other
+toolenv modules import it, it imports none of them). Pure Python: stdlib,
+PyYAML only to read YAML specs; never JAX, nothing from the ParaAgent policy package.
 """
 
-from __future__ import annotations
-
-import dataclasses
-import hashlib
-import importlib
-import json
-import os
-from typing import Any, Callable
-
+from toolenv.catalog.registry import (_cache_key, _find, cache_dir, cache_root, load_catalog,
+                                      register_builder, registered_builders)
 from toolenv.catalog.store import Catalog
 
-__all__ = ["Catalog", "register_builder", "load_catalog", "cache_root",
+# `_cache_key` and `_find` are re-exported for the cache look-ups of
+# benchmarks/toolenv_bench.py and notebooks/hf_openapi.ipynb.
+__all__ = ["Catalog", "register_builder", "load_catalog", "cache_root", "cache_dir",
            "registered_builders"]
-
-
-@dataclasses.dataclass(frozen=True)
-class _Builder:
-  fn: Callable[..., Any]
-  version: str
-  cache: bool
-
-
-_BUILDERS: dict[str, _Builder] = {}
-
-
-def register_builder(name: str, fn: Callable[..., Any], version: str = "1",
-                     cache: bool = True) -> None:
-  """Registers ``fn(seed=0, **kw)`` as the builder of catalog ``name``.
-
-  Args:
-    name: what `load_catalog` is called with.
-    fn: returns a `Catalog` or an iterable of `Tool`s.
-    version: part of the cache key; change it when the output changes.
-    cache: whether to cache the result on disk (off for tiny in-memory sets).
-  """
-  _BUILDERS[name] = _Builder(fn, str(version), bool(cache))
-
-
-def registered_builders() -> list[str]:
-  """Names registered so far (modules not yet imported are not listed)."""
-  _ensure_defaults()
-  return sorted(_BUILDERS)
-
-
-def cache_root() -> str:
-  """``$TOOLENV_CACHE`` or ``~/.cache/toolenv``."""
-  return os.environ.get("TOOLENV_CACHE") or os.path.join(
-      os.path.expanduser("~"), ".cache", "toolenv")
-
-
-def _ensure_defaults() -> None:
-  if "procedural" not in _BUILDERS:
-    importlib.import_module("toolenv.catalog.procedural")
-
-
-def _find(name: str) -> _Builder:
-  _ensure_defaults()
-  if name in _BUILDERS:
-    return _BUILDERS[name]
-  if not name.isidentifier():
-    raise KeyError(f"Unknown catalog {name!r}")
-  try:
-    mod = importlib.import_module(f"toolenv.catalog.{name}")
-  except ModuleNotFoundError as e:
-    raise KeyError(f"Unknown catalog {name!r}; registered: "
-                   f"{sorted(_BUILDERS)}") from e
-  if name not in _BUILDERS and hasattr(mod, "build_catalog"):
-    register_builder(name, mod.build_catalog,
-                     version=str(getattr(mod, "CATALOG_VERSION", "1")))
-  if name not in _BUILDERS:
-    raise KeyError(f"Module toolenv.catalog.{name} registers no builder "
-                   "(call register_builder or define build_catalog)")
-  return _BUILDERS[name]
-
-
-def _cache_key(name: str, version: str, seed: int, kw: dict[str, Any]) -> str:
-  blob = json.dumps({"seed": seed, "kw": kw, "v": version}, sort_keys=True,
-                    default=repr)
-  return f"{name}-s{seed}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
-
-
-def load_catalog(name: str = "procedural", seed: int = 0, *,
-                 cache_dir: str | None = None, rebuild: bool = False,
-                 **kw: Any) -> Catalog:
-  """Loads catalog ``name`` from the cache, building (and caching) it if needed.
-
-  Args:
-    name: a registered builder (``procedural``; ``openapi`` etc. once their
-      modules register).
-    seed: builder seed (part of the cache key).
-    cache_dir: overrides ``$TOOLENV_CACHE``.
-    rebuild: ignore an existing cache.
-    **kw: passed to the builder (and part of the cache key).
-
-  Returns:
-    The `Catalog`, with ``info["cache_path"]`` set when it is cached.
-  """
-  b = _find(name)
-  if not b.cache:
-    return _as_catalog(b.fn(seed=seed, **kw), name)
-  path = os.path.join(cache_dir or cache_root(),
-                      _cache_key(name, b.version, seed, kw))
-  if not rebuild:
-    try:
-      cat = Catalog.load(path)
-      cat.info["cache_path"] = path
-      return cat
-    except (FileNotFoundError, ValueError, KeyError, json.JSONDecodeError):
-      pass  # Missing or broken cache: build it again.
-  cat = _as_catalog(b.fn(seed=seed, **kw), name)
-  cat.save(path)
-  cat.info["cache_path"] = path
-  return cat
-
-
-def _as_catalog(out: Any, name: str) -> Catalog:
-  if isinstance(out, Catalog):
-    if out.name == "custom":
-      out.name = name
-    return out
-  return Catalog(out, name=name)

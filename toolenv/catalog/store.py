@@ -34,7 +34,7 @@ _TOOL_FIELDS = ("name", "category", "provider", "description", "parameters",
                 "response", "effect", "source", "meta")
 
 
-def _atomic_write(path: str, data: bytes) -> None:
+def atomic_write(path: str, data: bytes) -> None:
   """Writes ``data`` to ``path`` through a temporary file and a rename."""
   d = os.path.dirname(os.path.abspath(path))
   os.makedirs(d, exist_ok=True)
@@ -177,10 +177,10 @@ class Catalog:
       h.update(b"\n")
     self._fingerprint = h.hexdigest()[:16]
     body = ("\n".join(lines) + ("\n" if lines else "")).encode("utf-8")
-    _atomic_write(os.path.join(path, "tools.jsonl"), body)
+    atomic_write(os.path.join(path, "tools.jsonl"), body)
     cols = {"names": self._names, **{c: self._cols[c] for c in _COLUMNS}}
-    _atomic_write(os.path.join(path, "columns.json"), _dumps(cols).encode())
-    _atomic_write(manifest, _dumps({
+    atomic_write(os.path.join(path, "columns.json"), _dumps(cols).encode())
+    atomic_write(manifest, _dumps({
         "format": STORE_FORMAT, "name": self.name, "size": len(self),
         "fingerprint": self._fingerprint, "info": self.info}).encode())
 

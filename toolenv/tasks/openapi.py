@@ -1,7 +1,7 @@
 """Task generation on the OpenAPI catalog (real operations, value flow by name).
 
     cat = toolenv.load_catalog("openapi")
-    gen = toolenv.TaskGenerator(cat, seed=0)       # dispatches to this module
+    gen = toolenv.TaskGenerator(cat, seed=0)       # an OpenAPITaskGenerator
     tasks = gen.generate(100, split="test", kinds=("chain", "fanout"))
     gen.stats                                      # pools, pairs, exclusions
 
@@ -19,9 +19,10 @@ Pairs come from `toolenv.catalog.valueflow` (``meta["produces"]`` /
 ``meta["consumes"]``, same tag, same JSON type). Argument values are drawn
 from the parameter's schema and name (enums, ids, dates, emails, limits...),
 so the simulator accepts them; instructions are rendered from the
-operation's summary and parameter names and state every value. The gold
+operation's summary and parameter names and state every value (both in
+`toolenv.tasks.openapi_args`). The gold
 answer is resolved by running the gold DAG through the `Executor`
-(`TaskGenerator._finish`). Operations that cannot make solvable tasks are
+(`BaseTaskGenerator._finish`). Operations that cannot make solvable tasks are
 left out with a counted reason (``stats["excluded"]``): too many required
 arguments, required object arguments, binary bodies; operations whose
 response has no scalar field to ask about can still start a chain.
@@ -36,11 +37,11 @@ import random
 import re
 from typing import Any
 
-from toolenv.catalog import vocab
 from toolenv.catalog.valueflow import id_resource, singular
-from toolenv.executor import canonical_call, make_id
 from toolenv.schema import Tool
-from toolenv.tasks import SPLITS, WRITE_PROB, Task, TaskGenerator, _plural, _QUERY_WORDS
+from toolenv.tasks.base import SPLITS, WRITE_PROB, BaseTaskGenerator, Task, plural
+from toolenv.tasks.openapi_args import action_phrase, arg_value, args_text, words
+from toolenv.validation import canonical_call
 
 MAX_REQUIRED = 6            # longer instructions read like forms, not requests
 MAX_FANOUT = 3              # the simulator returns 3 items per array
@@ -48,20 +49,6 @@ CHAIN3_PROB = 0.35
 OPTIONAL_PROB = 0.25        # also set one optional enum parameter
 _SCALARS = ("string", "integer", "number")
 _BINARY_MEDIA = re.compile(r"octet-stream|image/|audio/|video/|zip|pdf|^\*/\*$|^$")
-_VERBS = frozenset(
-    "accept activate add analyze apply approve archive assign attach block book "
-    "calculate cancel change charge check clear close complete configure confirm "
-    "deactivate detach edit enumerate execute follow invoke like link pause pay "
-    "print purchase refund reject render reserve resume scan share sign tag "
-    "trigger unblock unfollow unlink "
-    "compute convert copy count create delete describe detect disable download "
-    "enable estimate export fetch find generate get import insert invite join "
-    "list lookup look mark merge modify move obtain patch post publish put "
-    "query read register remove rename replace report request reset resolve "
-    "restore retrieve return revoke run save search send set show start stop "
-    "submit subscribe suggest sync test track transfer translate unsubscribe "
-    "update upload upsert validate verify view".split())
-# Word starts only: "admin" is no minimum, "photo" no upper end.
 _RANGE_LO = re.compile(r"(?:^|_)(?i:start|from|since|begin|min)(?![a-z])|"
                        r"(?<=[a-z])(?:Start|From|Since|Begin|Min)(?![a-z])")
 _RANGE_HI = re.compile(r"(?:^|_)(?i:end|until|to|max)(?![a-z])|"
@@ -79,33 +66,6 @@ def is_openapi_catalog(catalog) -> bool:
     return False
   return catalog[0].source == "openapi"
 
-
-def words(name: str) -> str:
-  """``AuctionValuePPR`` / ``pet_id`` -> ``auction value ppr`` / ``pet id``."""
-  s = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", str(name))
-  s = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1 \2", s)
-  return re.sub(r"[^0-9A-Za-z]+", " ", s).strip().lower() or "value"
-
-
-def action_phrase(description: str) -> str:
-  """A verb phrase from an operation summary: ``Returns a pet`` -> ``return a pet``;
-  a noun phrase gets ``get the`` in front."""
-  first = re.split(r"(?<=[a-z0-9)])\.\s", description.strip(), maxsplit=1)[0]
-  first = first.rstrip(" .;:")
-  if len(first) > 110:
-    first = first[:110].rsplit(" ", 1)[0].rstrip(",;:") + "..."
-  head, _, rest = first.partition(" ")
-  low = head.lower()
-  base = low[:-1] if low.endswith("s") and low[:-1] in _VERBS else low
-  if low.endswith("ies") and low[:-3] + "y" in _VERBS:   # "Queries" -> query
-    base = low[:-3] + "y"
-  elif low.endswith("es") and low[:-2] in _VERBS:        # "Searches" -> search
-    base = low[:-2]
-  if base in _VERBS:
-    return f"{base} {rest}".strip()
-  if len(head) > 1 and head[1:2].islower():
-    first = head[0].lower() + head[1:] + (" " + rest if rest else "")
-  return f"get the {first}"
 
 
 def _iter_uncached(catalog):
@@ -178,102 +138,14 @@ def _param_problem(tool, media: str) -> str | None:
   return None
 
 
-# ---------------------------------------------------------------- values
-
-def arg_value(name: str, sch: dict[str, Any], rng: random.Random, entity: str = "") -> Any:
-  """A value for parameter ``name`` that its schema accepts and a user might say."""
-  sch = sch if isinstance(sch, dict) else {}
-  if sch.get("enum"):
-    return rng.choice(list(sch["enum"]))
-  t = sch.get("type", "string")
-  n = name.lower()
-  if t == "boolean":
-    return rng.random() < 0.5
-  if t == "array":
-    item = sch.get("items") or {}
-    return [arg_value(singular(name), item, rng, entity) for _ in range(rng.randint(1, 2))]
-  if t == "integer":
-    if re.search(r"limit|size|count|per_?page|max|top|num", n):
-      return rng.randint(2, 20)
-    if re.search(r"page|offset|skip|start", n):
-      return rng.randint(1, 5)
-    if "year" in n:
-      return rng.randint(2015, 2026)
-    if "month" in n:
-      return rng.randint(1, 12)
-    if "day" in n:
-      return rng.randint(1, 28)
-    return rng.randint(1, 99_999) if id_resource(name) is not None else rng.randint(1, 500)
-  if t == "number":
-    if n.startswith("lat"):
-      return round(rng.uniform(-60, 60), 4)
-    if n.startswith(("lon", "lng")):
-      return round(rng.uniform(-150, 150), 4)
-    return round(rng.uniform(1, 500), 2)
-  res = id_resource(name)
-  if res is not None:
-    prefix = re.sub(r"[^a-z]", "", (res or entity or "id"))[:3] or "id"
-    return make_id(prefix, "task", rng.random())
-  if "email" in n:
-    return f"{rng.choice(vocab.FIRST)}.{rng.choice(vocab.LAST)}@example.com".lower()
-  if re.search(r"time|timestamp|datetime|_at$|At$", name):
-    return f"2026-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}T{rng.randint(0, 23):02d}:00:00Z"
-  if "date" in n or n in ("since", "until", "from", "to", "day"):
-    return f"2026-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}"
-  if re.search(r"url|uri|link|website|callback|href", n):
-    return f"https://example.com/{rng.choice(vocab.WORDS)}"
-  if "phone" in n:
-    return f"+1-555-01{rng.randint(10, 99)}"
-  if "country" in n:
-    return rng.choice(("US", "DE", "FR", "JP", "BR", "IN", "KE", "NO"))
-  if re.search(r"lang|locale", n):
-    return rng.choice(("en", "de", "fr", "es", "ja", "pt"))
-  if "currency" in n:
-    return rng.choice(("USD", "EUR", "GBP", "JPY", "CHF"))
-  if "city" in n:
-    return rng.choice(vocab.CITIES)
-  if re.fullmatch(r"q|query|search|keywords?|term|text|filter", n):
-    return rng.choice(_QUERY_WORDS)
-  if re.search(r"user|owner|login|account|author", n):
-    return f"{rng.choice(vocab.WORDS)}{rng.randint(10, 99)}"
-  if re.search(r"name|title|label", n):
-    return f"{rng.choice(vocab.WORDS).capitalize()} {rng.randint(10, 99)}"
-  return rng.choice(vocab.WORDS)
-
-
-def say(v: Any) -> str:
-  """How an argument value is written in an instruction."""
-  if isinstance(v, bool):
-    return "true" if v else "false"
-  if isinstance(v, str):
-    return f"'{v}'"
-  if isinstance(v, list):
-    return "[" + ", ".join(say(x) for x in v) + "]"
-  return json.dumps(v)
-
-
-def _args_text(args: dict[str, Any]) -> str:
-  parts = [f"{words(k)} {say(v)}" for k, v in args.items()]
-  if not parts:
-    return ""
-  return " with " + (parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1])
-
-
 # ---------------------------------------------------------------- generator
 
-class OpenAPITaskGenerator(TaskGenerator):
-  """`TaskGenerator` for OpenAPI catalogs (made by ``TaskGenerator(cat)``)."""
-
-  def __init__(self, catalog, seed: int = 0, executor=None):  # pylint: disable=super-init-not-called
-    # The procedural index of the base class does not apply; the rest does.
-    from toolenv.executor import Executor  # pylint: disable=g-import-not-at-top
-    self.catalog = catalog
-    self.seed = seed
-    self.executor = executor or Executor(catalog, seed=catalog.info.get("seed", 0))
-    self._index_openapi()
+class OpenAPITaskGenerator(BaseTaskGenerator):
+  """Task generator for OpenAPI catalogs (``toolenv.TaskGenerator(cat)`` picks it)."""
 
   # ---- index ---------------------------------------------------------------
-  def _index_openapi(self) -> None:
+  def _index(self) -> None:
+    """Callable operations, leaf / chain / fanout pools by split, and `stats`."""
     excluded: collections.Counter = collections.Counter()
     ops: dict[str, dict[str, Any]] = {}
     producers: dict[str, list[tuple[str, str, str]]] = collections.defaultdict(list)
@@ -360,7 +232,7 @@ class OpenAPITaskGenerator(TaskGenerator):
       items = writes if writes and (not reads or rng.random() < WRITE_PROB) else reads
     return prov, items[rng.randrange(len(items))]
 
-  # ---- public (see TaskGenerator) -------------------------------------------
+  # ---- public (see BaseTaskGenerator) ---------------------------------------
   def task(self, index: int, split: str, kind: str) -> Task:
     """Task number ``index`` of ``kind`` in ``split`` (a pure function of them)."""
     for attempt in range(50):
@@ -474,7 +346,7 @@ class OpenAPITaskGenerator(TaskGenerator):
     tool = self.catalog[name]
     args = self._args(rng, tool)
     path, label = self._answer(rng, name, prefer_id=tool.meta.get("kind") == "create")
-    act = action_phrase(tool.description) + _args_text(args)
+    act = action_phrase(tool.description) + args_text(args)
     text = rng.choice((
         f"On {self._where(tool)}, {act}, and tell me the {label}.",
         f"Using the {self._where(tool)} API, {act}. What is the {label}?",
@@ -489,9 +361,9 @@ class OpenAPITaskGenerator(TaskGenerator):
     cargs = self._args(rng, cons, skip=(param,), same=pargs)
     calls = [(prod, pargs), (cons, {param: ("$ref", 0, _ref_path(path, 0)), **cargs})]
     queries = [self._query(prod), self._query(cons)]
-    text = (f"On {self._where(prod)}, {action_phrase(prod.description)}{_args_text(pargs)}; "
+    text = (f"On {self._where(prod)}, {action_phrase(prod.description)}{args_text(pargs)}; "
             f"then {self._link(pname, path, param)} and {action_phrase(cons.description)}"
-            f"{_args_text(cargs)}")
+            f"{args_text(cargs)}")
     last = cname
     nxt = self._next(rng, cname, {pname, cname})
     if nxt is not None and rng.random() < CHAIN3_PROB:
@@ -501,7 +373,7 @@ class OpenAPITaskGenerator(TaskGenerator):
       calls.append((dtool, {param2: ("$ref", 1, _ref_path(path2, 0)), **dargs}))
       queries.append(self._query(dtool))
       text += (f"; after that, {self._link(cname, path2, param2)} and "
-               f"{action_phrase(dtool.description)}{_args_text(dargs)}")
+               f"{action_phrase(dtool.description)}{args_text(dargs)}")
       last = dname
     apath, label = self._answer(rng, last)
     return {"calls": calls, "answers": [(len(calls) - 1, apath, label)], "late": late,
@@ -538,10 +410,10 @@ class OpenAPITaskGenerator(TaskGenerator):
     calls += [(cons, {param: ("$ref", 0, _ref_path(path, i)), **cargs}) for i in range(k)]
     apath, label = self._answer(rng, cname)
     head, _, field = path.rpartition(".")
-    noun = _plural(self._noun(pname, head[:-2]))
-    text = (f"On {self._where(prod)}, {action_phrase(prod.description)}{_args_text(pargs)}; "
+    noun = plural(self._noun(pname, head[:-2]))
+    text = (f"On {self._where(prod)}, {action_phrase(prod.description)}{args_text(pargs)}; "
             f"for each of the first {k} {noun} it returns, use its {words(field)} as the "
-            f"{words(param)} and {action_phrase(cons.description)}{_args_text(cargs)}. "
+            f"{words(param)} and {action_phrase(cons.description)}{args_text(cargs)}. "
             f"Tell me the {label} of each.")
     return {"calls": calls, "late": late, "text": text,
             "answers": [(1 + i, apath, f"{label} of {noun} {i + 1}") for i in range(k)],

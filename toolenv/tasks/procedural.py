@@ -1,6 +1,6 @@
-"""Task generator: a gold DAG of calls, an instruction, and the gold answer.
+"""Task generator on the procedural catalog (value flow from `Tool.meta`).
 
-A task is drawn from the procedural catalog's value flow (`Tool.meta`):
+A task is drawn from the procedural catalog's value flow:
 
     single    one call                         (look up a record, convert, create, ...)
     parallel  k = 2..4 independent calls       (different providers)
@@ -9,115 +9,33 @@ A task is drawn from the procedural catalog's value flow (`Tool.meta`):
     mixed     a chain or fanout plus independent calls
 
 The instruction says what the user needs without naming tools (it names the
-provider brand, as a user would say "on Expedia"). Gold argument values are
-resolved by running the gold DAG through the `Executor`, so the gold answer
-values are exactly what a correct episode observes. Write calls (create,
-update) make the final episode state part of the gold.
-
-Splits: providers are split by a hash (``TEST_FRACTION`` of them are test-only),
-so test tasks use tools and whole providers that no train task uses.
+provider brand, as a user would say "on Expedia"). Tools are grouped by
+(provider, entity) with their operations; splits are by provider
+(`BaseTaskGenerator.split_of`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import random
-import re
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable
 
-from toolenv.executor import (OBS_JSON, Executor, canonical_json, digest, is_error, lookup, make_id,
-                              state_key)
-
-KINDS: tuple[str, ...] = ("single", "parallel", "chain", "fanout", "mixed")
-MULTI_TOOL_KINDS: tuple[str, ...] = ("parallel", "fanout", "mixed")
-SPLITS: tuple[str, ...] = ("train", "test")
-TEST_FRACTION = 0.2
-WRITE_PROB = 0.15
-
-
-@dataclasses.dataclass
-class Task:
-  """One task: instruction, gold DAG, gold answer values and gold state.
-
-  ``nodes`` are dicts ``{"id", "tool", "arguments", "deps", "level", "query",
-  "late"}``: ``arguments`` are concrete (refs resolved), ``deps`` the ids of
-  nodes whose outputs they use, ``query`` what an explorer would search for,
-  ``late`` whether the need only appears after earlier results (the oracle
-  then explores it after executing them). ``answers`` are ``{"label",
-  "value"}`` dicts; success needs every value in the final answer.
-  """
-
-  id: str
-  kind: str
-  split: str
-  instruction: str
-  nodes: list[dict[str, Any]]
-  answers: list[dict[str, str]]
-  gold_state: str = ""          # `executor.state_key` of the gold final state
-  writes: bool = False
-  max_turns: int = 16
-  seed: int = 0
-
-  @property
-  def gold_tools(self) -> list[str]:
-    """Distinct tools of the gold DAG, in node order."""
-    return list(dict.fromkeys(n["tool"] for n in self.nodes))
-
-  @property
-  def depth(self) -> int:
-    return 1 + max(n["level"] for n in self.nodes)
-
-  def to_dict(self) -> dict[str, Any]:
-    return dataclasses.asdict(self)
-
-  @classmethod
-  def from_dict(cls, d: dict[str, Any]) -> "Task":
-    return cls(**d)
-
-
-def fmt_value(v: Any) -> str:
-  """How an answer value is written (as it appears in the JSON observation)."""
-  if isinstance(v, str):
-    return v
-  return canonical_json(v)
-
-
-def answer_key(path: str) -> str:
-  """The response field an answer path ends in: ``items[0].name`` -> ``name``."""
-  return re.sub(r"\[\d*\]", "", path.split(".")[-1])
+from toolenv.tasks.base import (QUERY_WORDS, SPLITS, WRITE_PROB, BaseTaskGenerator, Task, fmt_value,
+                                plural)
+from toolenv.values import Draw, gen_scalar, make_id
 
 
 def _words(s: str) -> str:
   return s.replace("_", " ")
 
 
-class TaskGenerator:
-  """Draws tasks from a catalog's value flow, deterministically from ``seed``."""
-
-  def __new__(cls, catalog, seed: int = 0, executor: Executor | None = None):
-    # OpenAPI catalogs get their own generator (toolenv.tasks_openapi), same API.
-    del seed, executor
-    if cls is TaskGenerator:
-      from toolenv import tasks_openapi  # pylint: disable=g-import-not-at-top
-      if tasks_openapi.is_openapi_catalog(catalog):
-        return super().__new__(tasks_openapi.OpenAPITaskGenerator)
-    return super().__new__(cls)
-
-  def __init__(self, catalog, seed: int = 0, executor: Executor | None = None):
-    self.catalog = catalog
-    self.seed = seed
-    self.executor = executor or Executor(catalog, seed=catalog.info.get("seed", 0))
-    self._by_split: dict[str, list[dict[str, Any]]] = {s: [] for s in SPLITS}
-    self._index()
-
-  def split_of(self, provider: str) -> str:
-    """Which split a provider belongs to (stable for a given generator seed)."""
-    return "test" if digest("split", self.seed, provider) % 1000 < TEST_FRACTION * 1000 else "train"
+class ProceduralTaskGenerator(BaseTaskGenerator):
+  """Draws tasks from a procedural catalog's value flow, deterministically from ``seed``."""
 
   def _index(self) -> None:
     """Groups procedural tools by (provider, entity) with their operations."""
     groups: dict[tuple[str, str], dict[str, Any]] = {}
     convs: dict[str, Any] = {}
+    self._by_split: dict[str, list[dict[str, Any]]] = {s: [] for s in SPLITS}
     for tool in self.catalog:
       kind = tool.meta.get("kind")
       if tool.source != "procedural" or kind is None:
@@ -136,17 +54,6 @@ class TaskGenerator:
       g["convert"] = convs.get(g["provider"])
       if "get" in g["ops"]:
         self._by_split[self.split_of(g["provider"])].append(g)
-
-  # ---- public ------------------------------------------------------------
-  def generate(self, n: int, split: str = "train",
-               kinds: Sequence[str] = KINDS) -> list[Task]:
-    """``n`` tasks of ``split``, kinds dealt round-robin (stable prefixes)."""
-    if split not in SPLITS:
-      raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    bad = [k for k in kinds if k not in KINDS]
-    if bad or not kinds:
-      raise ValueError(f"kinds must be a non-empty subset of {KINDS}, got {kinds!r}")
-    return [self.task(i, split, kinds[i % len(kinds)]) for i in range(n)]
 
   def task(self, index: int, split: str, kind: str) -> Task:
     """Task number ``index`` of ``kind`` in ``split`` (a pure function of them)."""
@@ -224,17 +131,17 @@ class TaskGenerator:
               "text": f"Using {p}, get the {period} statistics of {noun} {rid}; I need the count.",
               "queries": [f"{p} {noun} statistics"]}
     if op == "search":
-      q = rng.choice(_QUERY_WORDS)
+      q = rng.choice(QUERY_WORDS)
       return {"calls": [(tool, {"query": q})],
               "answers": [(0, f"results[0].{idf}", "top match id")],
-              "text": f"Search {p} for {_plural(noun)} matching '{q}' and give me the id of the top match.",
-              "queries": [f"{p} search {_plural(noun)}"]}
+              "text": f"Search {p} for {plural(noun)} matching '{q}' and give me the id of the top match.",
+              "queries": [f"{p} search {plural(noun)}"]}
     if op == "list":
       ff = tool.meta["filter_field"]
       val = rng.choice(tool.properties[ff]["enum"])
       return {"calls": [(tool, {ff: val})], "answers": [(0, "items[0].name", "first name")],
-              "text": f"List the {_plural(noun)} on {p} whose {_words(ff)} is {val}, and tell me the name of the first one.",
-              "queries": [f"{p} list {_plural(noun)} by {_words(ff)}"]}
+              "text": f"List the {plural(noun)} on {p} whose {_words(ff)} is {val}, and tell me the name of the first one.",
+              "queries": [f"{p} list {plural(noun)} by {_words(ff)}"]}
     if op == "convert":
       units = tool.meta["units"]
       a, b = rng.sample(units, 2)
@@ -244,10 +151,9 @@ class TaskGenerator:
               "text": f"With {p}'s converter, convert {amount} {a} to {b}.",
               "queries": [f"{p} convert {_words(tool.meta['quantity'])}"]}
     upd = tool.meta["update_field"]
-    from toolenv.executor import _Draw, _gen_scalar  # pylint: disable=g-import-not-at-top
-    val = _gen_scalar(ops["get"].response["properties"][upd], _Draw("v", rng.random()), upd)
+    val = gen_scalar(ops["get"].response["properties"][upd], Draw("v", rng.random()), upd)
     if op == "create":
-      name = f"{rng.choice(_QUERY_WORDS).capitalize()} {rng.randint(10, 99)}"
+      name = f"{rng.choice(QUERY_WORDS).capitalize()} {rng.randint(10, 99)}"
       return {"calls": [(tool, {"name": name, upd: val})],
               "answers": [(0, idf, "new id")],
               "text": f"Create a new {noun} on {p} named '{name}' with {_words(upd)} {fmt_value(val)}, and tell me its id.",
@@ -259,10 +165,10 @@ class TaskGenerator:
   def _chain(self, rng, g, late=False) -> dict[str, Any]:
     ops, p, noun = g["ops"], g["provider"], _words(g["entity"])
     idf = ops["get"].meta["id_field"]
-    q = rng.choice(_QUERY_WORDS)
+    q = rng.choice(QUERY_WORDS)
     calls = [(ops["search"], {"query": q}),
              (ops["get"], {idf: ("$ref", 0, f"results[0].{idf}")})]
-    queries = [f"{p} search {_plural(noun)}", f"{p} {noun} details by id"]
+    queries = [f"{p} search {plural(noun)}", f"{p} {noun} details by id"]
     if "stats" in ops and rng.random() < 0.35:
       period = rng.choice(("week", "month"))
       calls.append((ops["stats"], {idf: ("$ref", 1, idf), "period": period}))
@@ -278,62 +184,13 @@ class TaskGenerator:
   def _fanout(self, rng, g, late=False) -> dict[str, Any]:
     ops, p, noun = g["ops"], g["provider"], _words(g["entity"])
     idf = ops["get"].meta["id_field"]
-    q, k = rng.choice(_QUERY_WORDS), rng.choice((2, 3, 3, 4))
+    q, k = rng.choice(QUERY_WORDS), rng.choice((2, 3, 3, 4))
     f = self._field(rng, g)
     calls = [(ops["search"], {"query": q, "limit": k})]
     calls += [(ops["get"], {idf: ("$ref", 0, f"results[{i}].{idf}")}) for i in range(k)]
     return {"calls": calls, "late": late,
             "answers": [(1 + i, f, f"{_words(f)} of match {i + 1}") for i in range(k)],
-            "text": f"Search {p} for the top {k} {_plural(noun)} matching '{q}' and tell me "
+            "text": f"Search {p} for the top {k} {plural(noun)} matching '{q}' and tell me "
                     f"the {_words(f)} of each.",
-            "queries": [f"{p} search {_plural(noun)}", f"{p} {noun} details by id"]}
+            "queries": [f"{p} search {plural(noun)}", f"{p} {noun} details by id"]}
 
-  # ---- resolving -------------------------------------------------------------
-  def _finish(self, parts, task_id: str, kind: str, split: str) -> Task:
-    """Runs the gold DAG, resolving refs, and builds the `Task`."""
-    state = self.executor.new_state()
-    nodes, answers, texts = [], [], []
-    for part in parts:
-      base = len(nodes)
-      outs = []
-      for j, (tool, args) in enumerate(part["calls"]):
-        deps, concrete = [], {}
-        for k, v in args.items():
-          if isinstance(v, tuple) and v and v[0] == "$ref":
-            deps.append(nodes[base + v[1]]["id"])
-            concrete[k] = lookup(outs[v[1]], v[2])
-          else:
-            concrete[k] = v
-        out = self.executor.run(tool.name, concrete, state)
-        if is_error(out):
-          raise RuntimeError(f"gold call failed: {tool.name}({concrete}): {out}")
-        outs.append(out)
-        level = 1 + max((nodes[int(d[1:])]["level"] for d in deps), default=-1)
-        q = part["queries"][min(j, len(part["queries"]) - 1)]
-        nodes.append({"id": f"n{len(nodes)}", "tool": tool.name, "arguments": concrete,
-                      "deps": sorted(set(deps)), "level": level, "query": q,
-                      "late": bool(part.get("late")) and level > 0})
-      for j, path, label in part["answers"]:
-        v = lookup(outs[j], path)
-        answers.append({"label": label, "value": fmt_value(v),
-                        "key": answer_key(path), "json": OBS_JSON(v)})
-      texts.append(part["text"])
-    writes = any(self.catalog[n["tool"]].effect == "write" for n in nodes)
-    instruction = " ".join(texts) if len(texts) == 1 else " Also: ".join(texts)
-    return Task(id=task_id, kind=kind, split=split, instruction=instruction,
-                nodes=nodes, answers=answers,
-                gold_state=state_key(state) if writes else "", writes=writes,
-                max_turns=min(40, 2 * len(nodes) + 6), seed=self.seed)
-
-
-def _plural(w: str) -> str:
-  if w.endswith("y") and w[-2:-1] not in "aeiou":
-    return w[:-1] + "ies"
-  if w.endswith(("s", "x", "ch", "sh")):
-    return w + "es"
-  return w + "s"
-
-
-_QUERY_WORDS = ("amber", "birch", "cobalt", "delta", "ember", "fjord", "garnet",
-                "harbor", "indigo", "juniper", "kestrel", "lotus", "meadow",
-                "nimbus", "onyx", "pebble", "quartz", "raven", "sierra", "tundra")
