@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from paraagent_jax.models import qwen3
-from paraagent_jax.rl import sft_loss
+from paraagent_jax.learner import sft_loss
 
 
 def make_step(cfg, tokens, loss_mask, attention_mask):

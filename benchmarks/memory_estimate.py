@@ -1,7 +1,7 @@
 """Per-device memory of a config's model: params, AdamW, rollout KV cache.
 
 Nothing is allocated: parameter and optimizer shapes come from
-`jax.eval_shape` (`paraagent_jax.sharding.memory_per_device`) on an abstract
+`jax.eval_shape` (`paraagent_jax.models.memory.memory_per_device`) on an abstract
 mesh of any size; the KV cache is counted from its shape [L, B, K, S, H]
 with the batch split over data x fsdp and kv heads over tensor (when they
 divide), as `Qwen3.constrain_cache` lays it out.
@@ -19,6 +19,7 @@ import numpy as np
 
 from paraagent_jax import config_utils
 from paraagent_jax import sharding as shd
+from paraagent_jax.models import memory
 from paraagent_jax.models import qwen3
 
 
@@ -42,7 +43,7 @@ def main() -> None:
   cfg = qwen3.Qwen3Config.preset(c.model.preset, scan_layers=True,
                                  param_dtype=c.model.param_dtype)
   mesh = dict(c.mesh)
-  mem = shd.memory_per_device(cfg, shd.abstract_mesh(mesh))
+  mem = memory.memory_per_device(cfg, shd.abstract_mesh(mesh))
   rollouts = c.rl.tasks_per_iter * c.rl.group_size
   kv = kv_cache_bytes_per_device(cfg, rollouts, c.rl.max_len, mesh,
                                  c.model.dtype)

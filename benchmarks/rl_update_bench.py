@@ -31,9 +31,10 @@ import jax
 import numpy as np
 
 from paraagent_jax.models import qwen3
-from paraagent_jax.rl import batch as batch_lib
-from paraagent_jax.rl import grpo
-from paraagent_jax.rl import train_step as ts
+from paraagent_jax.learner import batch as batch_lib
+from paraagent_jax.learner import grpo
+from paraagent_jax.learner import optimizer as optim
+from paraagent_jax.learner import step as ts
 
 
 def demo_rl_model(vocab: int, seed: int = 0):
@@ -70,7 +71,7 @@ def main(argv=None):
   buckets = [int(x) for x in args.buckets.split(",") if x] + [args.max_len]
   model, cfg = demo_rl_model(args.vocab)
   graphdef = nnx.split(model)[0]
-  optimizer = ts.make_optimizer(ts.OptimizerConfig(learning_rate=1e-5))
+  optimizer = optim.make_optimizer(optim.OptimizerConfig(learning_rate=1e-5))
   gcfg = grpo.GRPOConfig(num_micro_batches=args.micro)
   variants = {
       f"scan: {args.micro} micro-batches x {args.max_len} tokens": (),

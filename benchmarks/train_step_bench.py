@@ -1,7 +1,7 @@
 """RL (GRPO, three advantage levels) train step vs a plain cross-entropy step.
 
 Same model, same batch, same optimizer and the same train-step machinery
-(`paraagent_jax.rl.train_step`); the only difference is the loss. The RL
+(`paraagent_jax.learner.step`); the only difference is the loss. The RL
 step adds the segment-reduction advantages, the clipped-ratio policy term,
 the k3 KL against the batch's reference log-probs and the entropy metric.
 Steps are timed interleaved (CE, RL, CE, RL, ...) so that load from other
@@ -30,10 +30,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from paraagent_jax.rl import batch as batch_lib
-from paraagent_jax.rl import grpo
-from paraagent_jax.rl import sft_loss
-from paraagent_jax.rl import train_step as ts
+from paraagent_jax.learner import batch as batch_lib
+from paraagent_jax.learner import grpo
+from paraagent_jax.learner import sft_loss
+from paraagent_jax.learner import optimizer as optim
+from paraagent_jax.learner import step as ts
 
 
 class _StandInLM(nnx.Module):
@@ -106,7 +107,7 @@ def main(argv=None):
       group_size=4, vocab_size=vocab)
   sft_batch = {"tokens": batch.tokens, "loss_mask": batch.loss_mask,
                "attention_mask": batch.attention_mask}
-  optimizer = ts.make_optimizer(ts.OptimizerConfig(learning_rate=1e-5))
+  optimizer = optim.make_optimizer(optim.OptimizerConfig(learning_rate=1e-5))
   graphdef = nnx.split(model)[0]
 
   variants = {

@@ -18,7 +18,6 @@ evaluated under every strategy in ``strategies``.
 import ml_collections
 
 from paraagent_jax import config_utils
-from paraagent_jax import rl_stage
 
 
 def get_config(arg=None):
@@ -32,7 +31,7 @@ def get_config(arg=None):
   c.catalog = "procedural"         # toolenv benchmark: catalogs, e.g. 'procedural,openapi'
   c.catalog_seed = 0
   c.task_seed = 0
-  c.kinds = rl_stage.KINDS
+  c.kinds = config_utils.KINDS
   c.strategies = "paraact,react,plan_execute,interleaved"
   c.num_per_kind = 40              # 200 tasks per strategy
   c.batch_size = 200               # episodes per rollout batch: 200 = one batch for 5 x 40
@@ -50,7 +49,7 @@ def get_config(arg=None):
   c.stb_tools = ""
   c.stb_settings = "open"
   c.stb_limit = 0                  # queries per file (0 = all)
-  r = rl_stage.rl_defaults()
+  r = config_utils.rl_defaults()
   # Turns: at most each task's own budget (ToolEnv ends the episode there,
   # 2 * nodes + 6 <= 40). Tokens of a JAX policy's episode: max_len = the demo
   # model's training length (SFT seq_len 2048; RL episodes are 1536), which is

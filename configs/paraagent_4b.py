@@ -67,7 +67,7 @@ def get_config(arg=None):
 
   # SFT on the cold-start demonstrations over the OpenAPI catalog.
   c.data.source = "demonstrations"
-  c.data.catalog = "openapi"
+  c.data.catalog = "openapi"      # the demonstrations and RL (rl.catalog "" follows it)
   c.data.backend = "scripted"
   c.data.num_tasks = 20000
   c.data.data_dir = ""
@@ -85,7 +85,6 @@ def get_config(arg=None):
   c.ckpt_every = 200
 
   # RL: GRPO with step / phase / trajectory advantages (paper-style settings).
-  c.rl.catalog = "openapi"
   c.rl.group_size = 8
   c.rl.tasks_per_iter = 64          # 512 rollouts per iteration
   c.rl.iterations = 300
@@ -116,7 +115,7 @@ def get_config(arg=None):
     c.model.scan_layers = False
     c.model.remat = "none"
     c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, -1, 1
-    c.data.catalog = c.rl.catalog = "procedural"
+    c.data.catalog = "procedural"   # RL follows data.catalog
     c.data.num_tasks = 64
     c.batch_size = 4
     c.seq_len = 512

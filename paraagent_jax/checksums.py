@@ -11,7 +11,10 @@ instead of training from wrong weights or ids. No JAX here.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+
+from paraagent_jax import fileio
 
 CHECKSUM_FILE = "SHA256SUMS"
 
@@ -32,10 +35,8 @@ def write_checksums(path: str) -> str:
   names = sorted(f for f in os.listdir(path) if f != CHECKSUM_FILE
                  and os.path.isfile(os.path.join(path, f)))
   out = os.path.join(path, CHECKSUM_FILE)
-  with open(out + ".tmp", "w") as f:
-    f.writelines(f"{_sha256(os.path.join(path, n))}  {n}\n" for n in names)
-  os.replace(out + ".tmp", out)
-  return out
+  return fileio.write_text_atomic(
+      out, "".join(f"{_sha256(os.path.join(path, n))}  {n}\n" for n in names))
 
 
 def verify_checksums(path: str, required: bool = False) -> bool:
@@ -94,17 +95,14 @@ def write_tree_manifest(path: str, hash_limit: int = HASH_LIMIT_BYTES) -> str:
   Hashes are left out (sizes only) when the files total over ``hash_limit``
   bytes, so that sealing a multi-GB step does not stall training.
   """
-  import json  # pylint: disable=g-import-not-at-top
   names = _tree_files(path)
   sizes = {n: os.path.getsize(os.path.join(path, n)) for n in names}
   hashed = sum(sizes.values()) <= hash_limit
   files = {n: {"size": sizes[n]} | (
       {"sha256": _sha256(os.path.join(path, n))} if hashed else {}) for n in names}
   out = os.path.join(path, TREE_MANIFEST)
-  with open(out + ".tmp", "w") as f:
-    json.dump({"files": files}, f, indent=0, sort_keys=True)
-  os.replace(out + ".tmp", out)
-  return out
+  return fileio.write_json_atomic(out, {"files": files}, indent=0, sort_keys=True,
+                                  default=None)
 
 
 def verify_tree_manifest(path: str) -> bool:
@@ -119,7 +117,6 @@ def verify_tree_manifest(path: str) -> bool:
     ValueError: a listed file is missing, has another size or another hash
       (one line naming the file).
   """
-  import json  # pylint: disable=g-import-not-at-top
   manifest = os.path.join(path, TREE_MANIFEST)
   if not os.path.isfile(manifest):
     return False

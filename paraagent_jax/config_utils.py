@@ -21,10 +21,11 @@ can print it without a traceback.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import difflib
 import importlib.util
 import os
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import ml_collections
 
@@ -146,7 +147,8 @@ def iter_keys(config, prefix: str = "") -> Iterator[str]:
       yield from iter_keys(value, path + ".")
 
 
-def _unknown(key: str, config) -> ConfigError:
+def unknown_key(key: str, config) -> ConfigError:
+  """A `ConfigError` for ``key``, naming the closest keys ``config`` has."""
   keys = list(iter_keys(config))
   close = difflib.get_close_matches(key, keys, n=3, cutoff=0.6)
   leaf = key.rsplit(".", 1)[-1]
@@ -162,7 +164,7 @@ def set_override(config: ml_collections.ConfigDict, key: str, raw: str):
   for i, part in enumerate(parts):
     if not isinstance(node, (ml_collections.ConfigDict, dict)) or (
         part not in node):
-      raise _unknown(key, config)
+      raise unknown_key(key, config)
     if i < len(parts) - 1:
       node = node[part]
   last = parts[-1]
@@ -228,6 +230,18 @@ def to_dict(config) -> dict:
   return config
 
 
+# The default logical-axis rules (`paraagent_jax.sharding`): logical name ->
+# mesh axes, "" = replicated, "a,b" = split over both. Parameters:
+SHARDING_RULES = {
+    "vocab": "tensor", "embed": "fsdp", "heads": "tensor", "kv_heads": "tensor",
+    "head_dim": "", "mlp": "tensor", "norm": "", "layers": "",
+    # Activations and the KV cache:
+    "batch": "data,fsdp", "seq": "", "cache_seq": "", "act_embed": "",
+    "act_heads": "tensor", "act_kv_heads": "tensor", "act_mlp": "tensor",
+    "act_vocab": "tensor",
+}
+
+
 def train_defaults() -> ml_collections.ConfigDict:
   """The keys every training config has, with neutral defaults.
 
@@ -259,6 +273,14 @@ def train_defaults() -> ml_collections.ConfigDict:
 
   # Mesh axis sizes (paraagent_jax.sharding.make_mesh); -1 = all the rest.
   c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))
+  # Logical axis name -> mesh axis ("data", "fsdp", "tensor"; "" = replicated;
+  # batch-like names may list several, e.g. "data,fsdp"). The trainer refuses
+  # a rule whose mesh axis does not divide a parameter, and (on meshes with
+  # fsdp x tensor > 1) a parameter of min_sharded_size elements or more left
+  # replicated.
+  c.sharding = ml_collections.ConfigDict()
+  c.sharding.rules = ml_collections.ConfigDict(dict(SHARDING_RULES))
+  c.sharding.min_sharded_size = 2 ** 14
 
   c.data = ml_collections.ConfigDict()
   c.data.source = "synthetic"  # a module of paraagent_jax.data
@@ -293,8 +315,7 @@ def train_defaults() -> ml_collections.ConfigDict:
 
   # The RL stage's own keys, so that overrides like rl.group_size=8 are
   # typed and checked.
-  from paraagent_jax import rl_stage  # pylint: disable=g-import-not-at-top
-  c.rl = rl_stage.rl_defaults()
+  c.rl = rl_defaults()
   c.pipeline = ml_collections.ConfigDict()
   c.pipeline.stages = ("demos", "sft", "rl")
   # A second SFT phase ("sft2" in pipeline.stages): these keys (nested like
@@ -306,6 +327,120 @@ def train_defaults() -> ml_collections.ConfigDict:
   # NaN right before optimizer step N (SFT and RL), to test the NaN stop.
   c.debug = ml_collections.ConfigDict(dict(nan_at_step=0))
   return c
+
+
+# ToolEnv's task kinds, the RL stage's default mix.
+KINDS = "single,parallel,chain,fanout,mixed"
+
+
+def rl_defaults() -> ml_collections.ConfigDict:
+  """Defaults of ``config.rl`` (typed keys for command-line overrides)."""
+  c = ml_collections.ConfigDict()
+  c.catalog = ""                # "" = data.catalog (the demonstrations'), else procedural
+  c.catalog_seed = 0
+  c.task_seed = 0
+  c.kinds = KINDS
+  c.strategy = "paraact"
+  c.tokenizer = ""              # "" = the SFT data's tokenizer
+  c.iterations = 20
+  c.tasks_per_iter = 4
+  # "round_robin": kinds in turn. "pass_rate": kinds drawn with weight
+  # 1 - p^G - (1-p)^G (the chance a group of G samples has spread in its
+  # trajectory reward), p = the kind's rollout success over the last
+  # sampling_window iterations (Beta(1, 1) prior), floor sampling_floor.
+  c.task_sampling = "round_robin"
+  c.sampling_window = 5
+  c.sampling_floor = 0.05
+  c.group_size = 4
+  c.passes = 1                  # optimisation passes (K) over each batch
+  c.temperature = 1.0
+  c.top_k = 0
+  c.top_p = 1.0
+  c.max_turns = 8
+  c.max_turn_tokens = 160
+  c.max_len = 1536
+  c.max_obs_tokens = 256
+  # Token lengths of the update's micro-batches ("1024,1536"): episodes are
+  # sorted by length and each micro-batch is padded to the smallest of these
+  # (or max_len) that holds it, one compilation per length, the same update
+  # (`learner.step.build_sorted_train_step`). "" = one scan over micro-batches
+  # of max_len rows.
+  c.length_buckets = ""
+  c.eval_every = 5              # iterations; 0 = only at the end
+  c.eval_tasks = 40             # held-out test tasks (kinds round robin)
+  c.ckpt_every = 1              # iterations between checkpoints (and the last)
+  c.token_budget = 0            # max real tokens per batch; 0 = no budget
+  c.num_micro_batches = 0       # RL step micro-batches; 0 = config.num_micro_batches
+  # RL's own optimizer settings over config.optimizer (which a pipeline shares
+  # with SFT): peak learning rate (0 = optimizer's), warmup (-1 = optimizer's)
+  # and schedule ("" = optimizer's). The schedule's length is always RL's own
+  # number of optimizer steps (iterations x passes).
+  c.learning_rate = 0.0
+  c.warmup_steps = -1
+  c.schedule = ""
+  c.grpo = ml_collections.ConfigDict(dict(
+      clip_eps_low=0.2, clip_eps_high=0.28, beta=0.0, entropy_coef=0.0,
+      aggregation="token_mean", levels="traj,phase,step", normalize="mean_std",
+      drop_no_spread_groups=True, mask_truncated=False))
+  return c
+
+
+def demonstration_defaults() -> ml_collections.ConfigDict:
+  """Defaults of the ``config.data`` keys of the cold start (stage ``demos``)
+  and the ``demonstrations`` SFT source: the one place they are set.
+
+  A config sets only what it changes; `with_defaults` fills the rest.
+  """
+  c = ml_collections.ConfigDict()
+  # The cold start (paraagent_jax.coldstart.build).
+  c.seed = 0
+  c.num_tasks = 100
+  c.test_tasks = -1             # -1 = max(8, num_tasks // 10)
+  c.kinds = ()                  # () = every kind, round robin
+  c.catalog = "procedural"
+  c.backend = "scripted"        # "scripted" | "chat"
+  c.search_top_k = 0            # 0 = the search tool's default
+  c.imperfection = None         # None = Imperfection.default(); a float scales it
+  c.answer_style = "label"
+  c.chat = ml_collections.ConfigDict()   # backend "chat": base_url, model, ...
+  c.batch_size = 256
+  c.thoughts = "full"
+  c.obs_format = "full"
+  # The SFT source (paraagent_jax.data.demonstrations).
+  c.data_dir = ""
+  c.tfds_dir = ""               # "" = data_dir/tfds
+  c.tokenizer = ""              # "" = data_dir/tokenizer (trained if absent)
+  c.tokenizer_vocab_size = 4096
+  c.overlong = "drop"           # "drop" | "truncate" rows over seq_len
+  c.length_bucket = 0           # int step or "a,b,c" padded lengths; 0 = seq_len
+  c.context_loss_weight = 0.0
+  c.copy_warmup = 0
+  c.copy_len = 256
+  c.copy_rows = 0
+  c.copy_mode = "pairs"
+  c.copy_every = 0
+  c.turn_warmup = 0
+  c.turn_rows = 0
+  c.turn_len = 384
+  c.turn_count = 1
+  c.turn_system = True
+  return c
+
+
+def with_defaults(cfg, defaults: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """``defaults`` with the keys ``cfg`` sets (a ConfigDict, dict, object or
+  None); a key set to None keeps its default. Keys ``defaults`` lacks are kept."""
+  out = defaults.to_dict()
+  if cfg is not None:
+    items = cfg.items() if hasattr(cfg, "items") else vars(cfg).items()
+    out.update({k: v for k, v in items if v is not None})
+  return ml_collections.ConfigDict(out)
+
+
+def rl_catalog(config) -> str:
+  """The catalog RL (and the SFT greedy evaluation) draws tasks from:
+  ``rl.catalog``, else the demonstrations' ``data.catalog``, else procedural."""
+  return config.rl.get("catalog", "") or config.data.get("catalog", "") or "procedural"
 
 
 def merge_nested(config, overrides, where: str = "overrides") -> None:
@@ -322,3 +457,22 @@ def merge_nested(config, overrides, where: str = "overrides") -> None:
       merge_nested(config[key], value, f"{where}.{key}")
     else:
       config[key] = value
+
+
+def config_from_mapping(cls, values: Mapping[str, Any] | None):
+  """Builds a frozen config dataclass from a mapping, rejecting unknown keys.
+
+  Accepts a dict or an ml_collections ConfigDict (anything with ``items``).
+  """
+  if values is None:
+    return cls()
+  if isinstance(values, cls):
+    return values
+  names = {f.name for f in dataclasses.fields(cls)}
+  items = dict(values.items())
+  unknown = set(items) - names
+  if unknown:
+    raise ValueError(f"unknown {cls.__name__} keys {sorted(unknown)}; "
+                     f"known: {sorted(names)}")
+  return cls(**{k: tuple(v) if isinstance(v, list) else v
+                for k, v in items.items()})

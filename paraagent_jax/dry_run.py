@@ -8,8 +8,8 @@ r"""Dry run of a training config on a fake CPU mesh: memory and shardings.
 Before any JAX backend use, JAX is made to see N CPU devices
 (``jax_num_cpu_devices``; ``XLA_FLAGS=--xla_force_host_platform_device_count``
 on JAX versions without it). Then, with the trainer's own builders
-(`paraagent_jax.train.model_config`, `abstract_train_state`, the SFT and
-GRPO steps of `paraagent_jax.rl`, and the sampler's jitted prefill/decode of
+(`paraagent_jax.rundir.model_config`, `trainer.state.abstract_train_state`, the SFT and
+GRPO steps of `paraagent_jax.learner`, and the sampler's jitted prefill/decode of
 `paraagent_jax.sampling`):
 
 1. the config's mesh is built (the slice's mesh shape; a slice with fewer
@@ -34,8 +34,33 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import time
 from typing import Any, Callable, Sequence
+
+# Importing JAX does not start its backend; `set_fake_devices` runs before any
+# JAX operation. (Nothing imported here may start it: no toolenv, whose BM25
+# library runs a JAX op on import.)
+from flax import nnx
+import jax
+from jax._src import xla_bridge
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec
+import ml_collections
+import numpy as np
+
+from paraagent_jax import checkpoint as ckpt_lib
+from paraagent_jax import config_utils
+from paraagent_jax import rundir
+from paraagent_jax import sampling
+from paraagent_jax import sampling_kernels
+from paraagent_jax import sharding as shd
+from paraagent_jax.learner import batch as batch_lib
+from paraagent_jax.learner import grpo
+from paraagent_jax.learner import optimizer as optim
+from paraagent_jax.learner import sft_loss
+from paraagent_jax.learner import step as ts
+from paraagent_jax.trainer import state as state_lib
 
 GIB = 2 ** 30
 # HBM per chip, in 1e9 bytes, of the TPU generations the configs target.
@@ -49,8 +74,6 @@ def set_fake_devices(n: int) -> None:
   Raises:
     RuntimeError: a backend is already initialised with another device count.
   """
-  import jax  # pylint: disable=g-import-not-at-top
-  from jax._src import xla_bridge  # pylint: disable=g-import-not-at-top
   if xla_bridge.backends_are_initialized():
     have = jax.devices()
     if len(have) == n and have[0].platform == "cpu":
@@ -76,13 +99,11 @@ def set_fake_devices(n: int) -> None:
 
 def sds(shape, dtype, sharding):
   """A ShapeDtypeStruct with a sharding (an abstract jit argument)."""
-  import jax  # pylint: disable=g-import-not-at-top
   return jax.ShapeDtypeStruct(tuple(shape), dtype, sharding=sharding)
 
 
 def bytes_per_device(x) -> int:
   """Bytes of one device's shard of an abstract (or concrete) array."""
-  import numpy as np  # pylint: disable=g-import-not-at-top
   shape = tuple(x.shape)
   shard = x.sharding.shard_shape(shape) if shape else ()
   return int(np.prod(shard, dtype=np.int64)) * np.dtype(x.dtype).itemsize
@@ -90,14 +111,11 @@ def bytes_per_device(x) -> int:
 
 def tree_bytes_per_device(tree) -> int:
   """Sum of `bytes_per_device` over a pytree's leaves."""
-  import jax  # pylint: disable=g-import-not-at-top
   return sum(bytes_per_device(x) for x in jax.tree.leaves(tree))
 
 
 def large_arrays(name: str, tree, min_bytes: int = LARGE_ARRAY_BYTES):
   """(path, shape, dtype, PartitionSpec, bytes/device) of the large leaves."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
   rows = []
   for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]:
     total = int(np.prod(x.shape, dtype=np.int64)) * np.dtype(x.dtype).itemsize
@@ -115,8 +133,6 @@ def large_arrays(name: str, tree, min_bytes: int = LARGE_ARRAY_BYTES):
 
 def sft_batch(config, mesh):
   """The abstract SFT batch: [batch_size, seq_len], rows over data x fsdp."""
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from paraagent_jax.rl import train_step as ts  # pylint: disable=g-import-not-at-top
   shape = (config.batch_size, config.seq_len)
   dtypes = {"tokens": jnp.int32, "loss_mask": jnp.float32,
             "attention_mask": jnp.int32}
@@ -131,9 +147,6 @@ def rl_batch(config, mesh):
   max_turns (`paraact.rollout`'s default); no ``ref_logprobs`` (the rollout
   does not compute them).
   """
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from paraagent_jax.rl import batch as batch_lib  # pylint: disable=g-import-not-at-top
-  from paraagent_jax.rl import train_step as ts  # pylint: disable=g-import-not-at-top
   rl = config.rl
   b, t, s = rl.tasks_per_iter * rl.group_size, rl.max_len, rl.max_turns
   f32, i32 = jnp.float32, jnp.int32
@@ -184,9 +197,6 @@ def compiled_stats(lowered, do_compile: bool) -> dict[str, Any]:
 
 def _mesh_for(config, num_devices: int):
   """The config's mesh over the first devices it needs."""
-  import jax  # pylint: disable=g-import-not-at-top
-  from paraagent_jax import config_utils  # pylint: disable=g-import-not-at-top
-  from paraagent_jax import sharding as shd  # pylint: disable=g-import-not-at-top
   sizes = dict(config.mesh)
   need = (math.prod(int(v) for v in sizes.values())
           if -1 not in sizes.values() else num_devices)
@@ -217,30 +227,18 @@ def run_dry(config, *, do_compile: bool | Sequence[str] = True,
     stats under ``programs`` (``sft``, ``rl``, ``prefill``, ``decode``), the
     phase peaks under ``peaks``, ``errors`` and the listed ``arrays``.
   """
-  # pylint: disable=g-import-not-at-top
-  import jax
-  import jax.numpy as jnp
-  import ml_collections
-  from flax import nnx
-  from jax.sharding import NamedSharding, PartitionSpec
-  from paraagent_jax import checkpoint as ckpt_lib
-  from paraagent_jax import sampling
-  from paraagent_jax import train as train_lib
-  from paraagent_jax.rl import grpo
-  from paraagent_jax.rl import sft_loss
-  from paraagent_jax.rl import train_step as ts
-  # pylint: enable=g-import-not-at-top
   config = ml_collections.ConfigDict(config.to_dict())
   if config.init_from and not (os.path.isdir(config.init_from)
-                               and train_lib.is_hf_dir(config.init_from)):
+                               and rundir.is_hf_dir(config.init_from)):
     out(f"dry run: init_from={config.init_from} is not an HF directory here; "
         f"the architecture comes from the preset {config.model.preset}")
     config.init_from = ""
-  model_cfg = train_lib.model_config(config)
+  model_cfg = rundir.model_config(config)
   mesh = _mesh_for(config, len(jax.devices()))
-  optimizer = ts.make_optimizer(train_lib.optimizer_config(config))
+  optimizer = optim.make_optimizer(state_lib.optimizer_config(config))
   graphdef, abstract, shardings, opt_abs, opt_sh = (
-      train_lib.abstract_train_state(mesh, optimizer, model_cfg))
+      state_lib.abstract_train_state(mesh, optimizer, model_cfg,
+                                     state_lib.sharding_rules(config)))
   state = ckpt_lib.with_shardings(abstract, shardings)
   opt_state = ckpt_lib.with_shardings(opt_abs, opt_sh)
   replicated = NamedSharding(mesh, PartitionSpec())
@@ -276,7 +274,7 @@ def run_dry(config, *, do_compile: bool | Sequence[str] = True,
 
   out("programs:")
   # SFT: the step run_sft builds (make_sft_train_step over the same loss).
-  train_lib.check_batch_divides(config, mesh)
+  state_lib.check_batch_divides(config, mesh)
   sft = ts.build_train_step(graphdef, optimizer, sft_loss.SFT_LOSS_FNS, mesh,
                             num_micro_batches=config.num_micro_batches)
   batch = sft_batch(config, mesh)
@@ -308,7 +306,7 @@ def run_dry(config, *, do_compile: bool | Sequence[str] = True,
   chunk = sampler.max_chunk
   ids = sds((rows, chunk), jnp.int32, replicated)
   per_row = sds((rows,), jnp.int32, replicated)
-  lower("prefill", lambda: sampling._APPEND_JIT.lower(  # pylint: disable=protected-access
+  lower("prefill", lambda: sampling_kernels.APPEND_JIT.lower(  # pylint: disable=protected-access
       graphdef, state, cache, logits, ids, per_row, window=rl.max_len))
   n_buf = max(sampler.min_decode, 1 << max(0, rl.max_turn_tokens - 1).bit_length())
   windows = tuple(sampler.windows)[-sampler.max_segments:]
@@ -317,7 +315,7 @@ def run_dry(config, *, do_compile: bool | Sequence[str] = True,
   stops = sds((2, 2), jnp.int32, replicated)
   stop_mask = sds((2, 2), jnp.bool_, replicated)
   scalar = sds((), jnp.float32, replicated)
-  lower("decode", lambda: sampling._DECODE_JIT.lower(  # pylint: disable=protected-access
+  lower("decode", lambda: sampling_kernels.DECODE_JIT.lower(  # pylint: disable=protected-access
       graphdef, state, cache, logits, key, per_row, stops, stop_mask, scalar,
       scalar, n_buf=n_buf, windows=windows, greedy=False, top_k=int(rl.top_k),
       use_top_p=float(rl.top_p) < 1.0, pad_id=0))
@@ -435,15 +433,10 @@ def print_table(report, config, out) -> None:
     out("  the run would fail: " + "; ".join(report["errors"]))
 
 
-def main(config_spec: str | None, fake_devices: int = 0) -> int:
-  """``--dry_run`` entry point; returns the exit code (0 ok, 1 error)."""
-  import sys  # pylint: disable=g-import-not-at-top
-  from paraagent_jax import config_utils  # pylint: disable=g-import-not-at-top
-  if not config_spec:
-    print("paraagent_jax.train: error: --config is required", file=sys.stderr)
-    return 1
+def main(config, fake_devices: int = 0) -> int:
+  """``train --dry_run`` entry point on a loaded config; returns the exit code
+  (0 ok, 1 error)."""
   try:
-    config = config_utils.load_config(config_spec)
     sizes = dict(config.mesh)
     n = fake_devices or (math.prod(int(v) for v in sizes.values())
                          if -1 not in sizes.values() else 8)

@@ -6,7 +6,7 @@ Usage::
   python -m paraagent_jax.export_hf --workdir=W --step=200 --out=O \
       --push_to_hub=user/repo
 
-The run config (``WORKDIR/config.json``, written by `paraagent_jax.train`)
+The run config (``WORKDIR/config.json``, written by `paraagent_jax.rundir.write_config`)
 gives the model architecture and the tokenizer; the weights come from
 ``WORKDIR/checkpoints/<step>`` (the latest step unless --step). The output is
 `hf_io.save_hf`'s directory (loadable by ``AutoModelForCausalLM`` and, when the
@@ -15,26 +15,23 @@ README.md model card with the training config and any eval results found in
 the workdir.
 """
 
+from __future__ import annotations
+
 import json
 import os
-import sys
 
 from absl import app
 from absl import flags
 from absl import logging
-from flax import nnx
-import jax
-import ml_collections
 
 from paraagent_jax import checkpoint as ckpt_lib
+from paraagent_jax import cli
 from paraagent_jax import config_utils
-from paraagent_jax import sharding as shd
-# train defines --workdir (shared with this tool) and the model derivation.
-from paraagent_jax import train
+from paraagent_jax import rundir
+from paraagent_jax import tokenizer as tok_lib
 from paraagent_jax.models import hf_io
-from paraagent_jax.models import qwen3
 
-_WORKDIR = train._WORKDIR  # pylint: disable=protected-access
+PROG = "paraagent_jax.export_hf"
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default latest).")
 _OUT = flags.DEFINE_string("out", None, "Output HF directory.")
 _PUSH = flags.DEFINE_string("push_to_hub", None, "Hub repo id (user/repo).")
@@ -46,60 +43,8 @@ _MAX_SHARD = flags.DEFINE_integer("max_shard_bytes", 2 * 1024 ** 3,
 EVAL_FILES = ("report.json", "eval_report.json", "rl_eval.json", "DONE.json")
 
 
-class ExportError(ValueError):
+class ExportError(config_utils.ConfigError):
   """A workdir that cannot be exported (reported as one line)."""
-
-
-def load_run_config(workdir: str) -> ml_collections.ConfigDict:
-  """The run config a training workdir saved (``config.json``)."""
-  path = os.path.join(workdir, "config.json")
-  if not os.path.isfile(path):
-    raise ExportError(f"{workdir}: no config.json (not a training workdir)")
-  with open(path) as f:
-    return ml_collections.ConfigDict(json.load(f))
-
-
-def tokenizer_dir(config) -> str:
-  """The run's tokenizer directory, or "" if it had none (synthetic data)."""
-  for p in (config.get("rl", {}).get("tokenizer", ""),
-            config.data.get("tokenizer", "")):
-    if p:
-      return p
-  for base in (config.data.get("data_dir", ""), config.get("init_from", "")):
-    if base and os.path.isdir(os.path.join(base, "tokenizer")):
-      return os.path.join(base, "tokenizer")
-  if config.get("init_from", "") and os.path.isfile(
-      os.path.join(config.init_from, "tokenizer.json")):
-    return config.init_from
-  return ""
-
-
-def model_config(config, tokenizer=None) -> qwen3.Qwen3Config:
-  """The architecture the run trained (same derivation as `train`)."""
-  vocab = int(config.model.get("vocab_size", 0)) or (
-      len(tokenizer) if tokenizer is not None else
-      int(config.data.get("vocab_size", 0)))
-  return train.model_config(config, vocab_size=vocab)
-
-
-def restore_model(workdir: str, step: int | None, model_cfg: qwen3.Qwen3Config):
-  """The model with the weights of checkpoint `step` (latest if None)."""
-  path = workdir
-  if step is not None:
-    path = os.path.join(workdir, ckpt_lib.CHECKPOINT_SUBDIR, str(step))
-    if not os.path.isdir(os.path.join(path, "model")):
-      raise ExportError(f"{workdir}: no checkpoint for step {step}")
-  found = ckpt_lib.find_checkpoint(path)
-  if found is None:
-    raise ExportError(f"{workdir}: no Orbax checkpoint")
-  abstract_model = nnx.eval_shape(lambda: qwen3.Qwen3(model_cfg,
-                                                      rngs=nnx.Rngs(0)))
-  graphdef, abstract = nnx.split(abstract_model)
-  mesh = shd.make_mesh({"data": 1, "fsdp": 1, "tensor": 1},
-                       devices=jax.devices()[:1])
-  state = ckpt_lib.restore_model_state(path, ckpt_lib.with_shardings(
-      abstract, shd.param_shardings(abstract, mesh)))
-  return nnx.merge(graphdef, state), found[1]
 
 
 def eval_results(workdir: str) -> dict:
@@ -165,16 +110,17 @@ def export(workdir: str, out_dir: str, step: int | None = None,
            push_to_hub_repo: str | None = None,
            max_shard_bytes: int = 2 * 1024 ** 3) -> dict:
   """Library entry point: writes the HF directory; returns a summary dict."""
-  from paraagent_jax import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
   workdir = os.path.abspath(workdir)
   hint = ckpt_lib.pipeline_hint(workdir)
   if hint:
     raise ExportError(f"--workdir={workdir}: {hint}")
-  config = load_run_config(workdir)
-  tok_path = tokenizer_dir(config)
+  config = rundir.load_run_config(workdir)
+  tok_path = rundir.tokenizer_dir(config)
+  if not os.path.isfile(os.path.join(tok_path, "tokenizer.json")):
+    tok_path = ""   # synthetic data: no tokenizer to export
   tokenizer = tok_lib.load_tokenizer(tok_path) if tok_path else None
-  model_cfg = model_config(config, tokenizer)
-  model, step = restore_model(workdir, step, model_cfg)
+  model, step = rundir.load_model(workdir, len(tokenizer) if tokenizer else 0, step)
+  model_cfg = model.config
   files = hf_io.save_hf(model, out_dir, tokenizer=tokenizer,
                         max_shard_bytes=max_shard_bytes)
   evals = eval_results(workdir)
@@ -189,18 +135,18 @@ def export(workdir: str, out_dir: str, step: int | None = None,
 def main(argv) -> None:
   """Command line: one-line errors for bad input."""
   if len(argv) > 1:
-    sys.exit(f"paraagent_jax.export_hf: error: unexpected arguments {argv[1:]}")
+    cli.fail(PROG, f"unexpected arguments {argv[1:]}")
   if not flags.FLAGS["verbosity"].present:
     # Orbax logs every file it reads at INFO; keep the console readable.
     logging.set_verbosity(logging.WARNING)
-  if not _WORKDIR.value or not _OUT.value:
-    sys.exit("paraagent_jax.export_hf: error: --workdir and --out are required")
+  if not cli.WORKDIR.value or not _OUT.value:
+    cli.fail(PROG, "--workdir and --out are required")
   try:
-    summary = export(_WORKDIR.value, _OUT.value, _STEP.value, _PUSH.value,
+    summary = export(cli.WORKDIR.value, _OUT.value, _STEP.value, _PUSH.value,
                      _MAX_SHARD.value)
   except (ExportError, ckpt_lib.CheckpointError, config_utils.ConfigError,
           OSError, ValueError, KeyError) as e:
-    sys.exit(f"paraagent_jax.export_hf: error: {' '.join(str(e).split())}")
+    cli.fail(PROG, str(e))
   print(f"exported step {summary['step']} to {_OUT.value}: "
         f"{', '.join(summary['files'])}", flush=True)
 

@@ -19,6 +19,9 @@ import time
 from typing import Any, Callable, Mapping
 
 import numpy as np
+from tqdm import tqdm
+
+from paraagent_jax import fileio
 
 METRICS_FILE = "metrics.jsonl"
 TB_SUBDIR = "tb"
@@ -83,10 +86,7 @@ def truncate_jsonl(path: str, after_step: int) -> int:
         continue  # A line cut short by a kill mid-write.
       if int(rec.get("step", 0)) <= after_step:
         kept.append(line)
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    f.writelines(line + "\n" for line in kept)
-  os.replace(tmp, path)
+  fileio.write_text_atomic(path, "".join(line + "\n" for line in kept))
   return len(kept)
 
 
@@ -127,12 +127,12 @@ class MetricsWriter:
       truncate_jsonl(self.path, start_step)
       self._jsonl = open(self.path, "a")
       if tensorboard:
-        # Imported lazily: tensorboardX pulls in protobuf.
+        # Optional and heavy (tensorboardX pulls in protobuf): imported only
+        # when a run writes TensorBoard events.
         from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
         self._tb = SummaryWriter(os.path.join(workdir, TB_SUBDIR),
                                  purge_step=start_step + 1)
     if progress and is_primary:
-      from tqdm import tqdm  # pylint: disable=g-import-not-at-top
       self._bar = tqdm(total=total_steps, initial=start_step, unit="step",
                        dynamic_ncols=True, mininterval=1.0)
     self._last_time = time.perf_counter()

@@ -2,10 +2,17 @@
 
 Parameters and key activations carry *logical* axis names ("embed", "mlp",
 "batch", ...). One rules table maps each logical name to mesh axes of a mesh with
-axes ("data", "fsdp", "tensor"). The mapping is resolved per array with a
-divisibility fallback: a mesh axis that does not divide the dimension is dropped
-for that array (e.g. 2 kv heads on a 4-way tensor axis stay replicated) rather
-than failing, and `check_sharded` reports large arrays that ended up replicated.
+axes ("data", "fsdp", "tensor"); a run's table is ``config.sharding.rules``
+(`DEFAULT_RULES` unless the config says otherwise).
+
+Parameters are resolved strictly by the trainer (`param_shardings(...,
+strict=True)`): a mesh axis that does not divide a parameter's dimension is
+refused with a one-line `ShardingError` naming the parameter, rather than
+dropped silently (set that logical name's rule to "" to replicate it); and
+`check_sharded` refuses large parameters that end up replicated on a mesh
+with model-parallel axes. Activations and the KV cache, whose batch sizes
+vary (a sampler batch of 1), keep a divisibility fallback: an axis that does
+not divide is dropped for that array.
 
 `constrain` applies `with_sharding_constraint` on every backend, the CPU
 included, whenever the mesh has more than one device: the 8-CPU-device tests then
@@ -20,33 +27,20 @@ from typing import Any, Mapping, Sequence
 from flax import nnx
 import jax
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
-import numpy as np
+
+from paraagent_jax import config_utils
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
-# Logical name -> mesh axis (a name, a tuple of names, or None = replicated).
-DEFAULT_RULES: dict[str, Any] = {
-    # Parameters.
-    "vocab": "tensor",
-    "embed": "fsdp",
-    "heads": "tensor",
-    "kv_heads": "tensor",
-    "head_dim": None,
-    "mlp": "tensor",
-    "norm": None,
-    "layers": None,
-    # Activations and the KV cache.
-    "batch": ("data", "fsdp"),
-    "seq": None,
-    "cache_seq": None,
-    "act_embed": None,
-    "act_heads": "tensor",
-    "act_kv_heads": "tensor",
-    "act_mlp": "tensor",
-    "act_vocab": "tensor",
-}
+# Logical name -> mesh axes; the table a config's ``sharding.rules`` starts
+# from ("" = replicated, "data,fsdp" = split over both).
+DEFAULT_RULES: dict[str, str] = config_utils.SHARDING_RULES
 
 Rules = tuple[tuple[str, Any], ...]
+
+
+class ShardingError(ValueError):
+  """A rules table that does not fit the model on the mesh (one line)."""
 
 
 def make_mesh(shape: Mapping[str, int], devices: Sequence[Any] | None = None
@@ -90,16 +84,30 @@ def abstract_mesh(shape: Mapping[str, int]) -> jax.sharding.AbstractMesh:
 
 
 def as_rules(rules: Mapping[str, Any] | Rules | None) -> Rules:
-  """Normalises a rules table to a hashable tuple of (logical, mesh axes)."""
+  """Normalises a rules table (a dict, a ConfigDict or pairs; None = the
+  defaults) to a hashable tuple of (logical name, mesh axes); "" or None
+  means replicated."""
   if rules is None:
     rules = DEFAULT_RULES
-  items = rules.items() if isinstance(rules, Mapping) else rules
-  return tuple((str(k), tuple(v) if isinstance(v, list) else v) for k, v in items)
+  items = rules.items() if hasattr(rules, "items") else rules
+  out = []
+  for k, v in items:
+    if isinstance(v, str):
+      v = tuple(a.strip() for a in v.split(",") if a.strip())
+    if isinstance(v, (list, tuple)):
+      v = tuple(a for a in v if a)
+      v = v[0] if len(v) == 1 else (v or None)
+    out.append((str(k), v))
+  return tuple(sorted(out))
 
 
 def logical_to_spec(logical_axes: Sequence[str | None], shape: Sequence[int],
-                    mesh, rules) -> PartitionSpec:
-  """The PartitionSpec for an array, dropping mesh axes that do not divide it."""
+                    mesh, rules, strict: bool = False) -> PartitionSpec:
+  """The PartitionSpec for an array.
+
+  A mesh axis (of size > 1) that does not divide the dimension is dropped for
+  this array, or, with ``strict``, refused with a `ShardingError`.
+  """
   table = dict(as_rules(rules))
   if len(logical_axes) != len(shape):
     raise ValueError(f"logical axes {tuple(logical_axes)} do not match shape "
@@ -119,6 +127,10 @@ def logical_to_spec(logical_axes: Sequence[str | None], shape: Sequence[int],
         continue
       if dim % (math.prod(mesh.shape[a] for a in kept) * size) == 0:
         kept.append(ax)
+      elif strict:
+        raise ShardingError(
+            f"logical axis {name!r} (size {dim}) does not divide over mesh axis "
+            f"{ax!r} ({size}-way)")
     used.update(kept)
     spec.append(None if not kept else kept[0] if len(kept) == 1 else tuple(kept))
   return PartitionSpec(*spec)
@@ -147,12 +159,29 @@ def _names(var) -> tuple:
   return tuple(names)
 
 
-def param_shardings(state, mesh, rules=None):
-  """A tree like `state` (nnx.State of Params) with a NamedSharding per leaf."""
-  return jax.tree.map(
-      lambda v: v.replace(NamedSharding(
-          mesh, logical_to_spec(_names(v), v.shape, mesh, rules))),
-      state, is_leaf=_is_param)
+def param_shardings(state, mesh, rules=None, strict: bool = False):
+  """A tree like `state` (nnx.State of Params) with a NamedSharding per leaf.
+
+  Raises:
+    ShardingError: (``strict``) a rule maps a parameter's axis to a mesh axis
+      that does not divide it; the message names the parameter and the rule.
+  """
+  if not strict:
+    return jax.tree.map(
+        lambda v: v.replace(NamedSharding(
+            mesh, logical_to_spec(_names(v), v.shape, mesh, rules))),
+        state, is_leaf=_is_param)
+
+  def one(path, v):
+    try:
+      spec = logical_to_spec(_names(v), v.shape, mesh, rules, strict=True)
+    except ShardingError as e:
+      name = jax.tree_util.keystr(path)
+      raise ShardingError(f"parameter {name} {tuple(v.shape)}: {e}; change the mesh "
+                          f"or set its rule in config.sharding.rules (\"\" = "
+                          f"replicated)") from None
+    return v.replace(NamedSharding(mesh, spec))
+  return jax.tree_util.tree_map_with_path(one, state, is_leaf=_is_param)
 
 
 def shard_model(model: nnx.Module, mesh, rules=None) -> nnx.Module:
@@ -176,6 +205,12 @@ def shard_model(model: nnx.Module, mesh, rules=None) -> nnx.Module:
 def set_sharding_ctx(model: nnx.Module, mesh, rules=None) -> None:
   """Records (mesh, rules) on the model for its activation constraints."""
   model.sharding_ctx = (mesh, as_rules(rules))
+
+
+def model_parallel_size(mesh) -> int:
+  """Devices a parameter can be split over: the product of the non-batch
+  ("fsdp", "tensor") axes. 1 = pure data parallelism (replicas by design)."""
+  return math.prod(mesh.shape.get(a, 1) for a in MESH_AXES if a != "data")
 
 
 def check_sharded(state, mesh, min_size: int = 2 ** 14, raise_error: bool = True
@@ -203,74 +238,6 @@ def check_sharded(state, mesh, min_size: int = 2 ** 14, raise_error: bool = True
     if sh is None or sh.is_fully_replicated:
       bad.append(jax.tree_util.keystr(path))
   if bad and raise_error:
-    raise ValueError(f"{len(bad)} large parameters are replicated on mesh "
-                     f"{dict(mesh.shape)}: {', '.join(bad[:5])}")
+    raise ShardingError(f"{len(bad)} large parameters are replicated on mesh "
+                        f"{dict(mesh.shape)}: {', '.join(bad[:5])}")
   return bad
-
-
-def _leaf_bytes_per_device(shape, dtype, sharding) -> int:
-  shard = sharding.shard_shape(tuple(shape)) if shape else ()
-  return int(np.prod(shard, dtype=np.int64)) * np.dtype(dtype).itemsize
-
-
-def memory_per_device(config, mesh, rules=None, optimizer=None) -> dict[str, int]:
-  """Parameter and optimizer-state bytes per device, without allocating.
-
-  The model and the optimizer state are built with `jax.eval_shape`; each
-  optimizer leaf that mirrors a parameter (AdamW mu / nu) gets that parameter's
-  sharding, other leaves (step counts) are replicated.
-
-  Args:
-    config: a `qwen3.Qwen3Config`.
-    mesh: a Mesh or AbstractMesh (any size; no devices are touched).
-    rules: logical-axis rules (default DEFAULT_RULES).
-    optimizer: an optax GradientTransformation (default optax.adamw(1e-4)).
-
-  Returns:
-    {"params": bytes, "optimizer": bytes, "total": bytes, "num_params": n}.
-  """
-  import optax  # pylint: disable=g-import-not-at-top
-  from paraagent_jax.models import qwen3  # pylint: disable=g-import-not-at-top
-
-  optimizer = optimizer or optax.adamw(1e-4)
-  abs_model = nnx.eval_shape(lambda: qwen3.Qwen3(config, rngs=nnx.Rngs(0)))
-  state = nnx.state(abs_model, nnx.Param)
-  shard_tree = param_shardings(state, mesh, rules)
-  pure = nnx.to_pure_dict(state)
-  pure_sh = nnx.to_pure_dict(shard_tree)
-  by_path = {}
-  p_bytes = n_params = 0
-  for (path, leaf), (_, sh) in zip(
-      jax.tree_util.tree_flatten_with_path(pure)[0],
-      jax.tree_util.tree_flatten_with_path(pure_sh)[0]):
-    by_path[path] = sh
-    p_bytes += _leaf_bytes_per_device(leaf.shape, leaf.dtype, sh)
-    n_params += int(np.prod(leaf.shape, dtype=np.int64))
-  opt_state = jax.eval_shape(optimizer.init, pure)
-  replicated = NamedSharding(mesh, PartitionSpec())
-  o_bytes = 0
-  for path, leaf in jax.tree_util.tree_flatten_with_path(opt_state)[0]:
-    sh = replicated
-    for start in range(len(path)):
-      if path[start:] in by_path:
-        sh = by_path[path[start:]]
-        break
-    o_bytes += _leaf_bytes_per_device(leaf.shape, leaf.dtype, sh)
-  return {"params": p_bytes, "optimizer": o_bytes, "total": p_bytes + o_bytes,
-          "num_params": n_params}
-
-
-def print_memory_table(config, meshes: Sequence[Mapping[str, int]], rules=None
-                       ) -> list[dict[str, Any]]:
-  """Prints (and returns) params/AdamW bytes per device for several meshes."""
-  rows = []
-  print(f"{'mesh (data,fsdp,tensor)':>24} {'params GiB':>11} {'adamw GiB':>10} "
-        f"{'total GiB':>10}")
-  for shape in meshes:
-    m = memory_per_device(config, abstract_mesh(shape), rules)
-    sizes = tuple(int(shape.get(a, 1)) for a in MESH_AXES)
-    gib = {k: m[k] / 2 ** 30 for k in ("params", "optimizer", "total")}
-    print(f"{str(sizes):>24} {gib['params']:11.3f} {gib['optimizer']:10.3f} "
-          f"{gib['total']:10.3f}")
-    rows.append({"mesh": sizes, **m})
-  return rows

@@ -20,7 +20,21 @@ import os
 from typing import Iterable, Sequence
 
 from paraagent_jax import checksums
-from paraagent_jax.paraact import protocol
+
+# The ParaAct protocol's tags (`paraagent_jax.paraact.protocol` renders and
+# parses them): single added tokens of the demo tokenizer, so the stop
+# sequence of a turn is one token.
+EXPLORE_OPEN = "<explore>"
+EXECUTE_OPEN = "<execute>"
+CALL_OPEN = "<call>"
+CALL_CLOSE = "</call>"
+STEP_CLOSE = "</step>"
+ANSWER_OPEN = "<answer>"
+ANSWER_CLOSE = "</answer>"
+PROTOCOL_TOKENS = (EXPLORE_OPEN, EXECUTE_OPEN, CALL_OPEN, CALL_CLOSE, STEP_CLOSE,
+                   ANSWER_OPEN, ANSWER_CLOSE)
+# The sampler stops a turn on any of these (the chat template then closes it).
+STOP_STRINGS = (STEP_CLOSE, ANSWER_CLOSE)
 
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
@@ -30,8 +44,7 @@ TOOL_RESPONSE_CLOSE = "</tool_response>"
 SPECIAL_TOKENS = (END_OF_TEXT, IM_START, IM_END)
 # Added (single-token, kept on decode) but not "special": they are text the
 # model writes and reads, so skip_special_tokens must not drop them.
-ADDED_TOKENS = (TOOL_RESPONSE_OPEN, TOOL_RESPONSE_CLOSE) + tuple(
-    protocol.PROTOCOL_TOKENS)
+ADDED_TOKENS = (TOOL_RESPONSE_OPEN, TOOL_RESPONSE_CLOSE) + PROTOCOL_TOKENS
 ROLES = ("system", "user", "assistant", "tool")
 # The demo BPE's pre-tokenizer: runs of characters other than letters, digits
 # and "-" are pieces of their own (see `train_bpe_tokenizer`), so an id such as
@@ -126,7 +139,7 @@ class ChatEncoder:
   def stop_sequences(self) -> list[list[int]]:
     """Token sequences that end an assistant turn (one token each in the demo
     tokenizer; possibly several with a foreign tokenizer)."""
-    return [self.encode(s) for s in protocol.STOP_STRINGS + (IM_END,)]
+    return [self.encode(s) for s in STOP_STRINGS + (IM_END,)]
 
 
 def load_tokenizer(path: str):
@@ -149,6 +162,8 @@ def load_tokenizer(path: str):
   if not os.path.isdir(path):
     raise FileNotFoundError(f"tokenizer directory not found: {path}")
   checksums.verify_checksums(path)   # a shipped directory lists its files
+  # transformers takes seconds to import: only the functions that build or load
+  # a tokenizer pay for it, not the modules that read the token constants.
   from transformers import AutoTokenizer  # pylint: disable=g-import-not-at-top
   tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
   if not getattr(tok, "chat_template", None):
@@ -169,6 +184,7 @@ def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int = 4096,
   Returns:
     A `transformers.PreTrainedTokenizerFast`.
   """
+  # Heavy (transformers takes seconds to import): see `load_tokenizer`.
   # pylint: disable=g-import-not-at-top
   from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models,
                           pre_tokenizers, processors, trainers)

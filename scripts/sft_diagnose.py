@@ -28,7 +28,10 @@ def main():
   from flax import nnx
   import toolenv
   from paraagent_jax import checkpoint as ckpt_lib
-  from paraagent_jax import rl_stage, train
+  from paraagent_jax import rundir
+  from paraagent_jax.evaluation import greedy
+  from paraagent_jax.trainer import rl_tasks
+  from paraagent_jax.trainer import state as state_lib
   from paraagent_jax import tokenizer as tok_lib
   from paraagent_jax import sharding as shd
   from paraagent_jax.paraact import chat_format, policies, rollout
@@ -36,10 +39,10 @@ def main():
     config = ml_collections.ConfigDict(json.load(f))
   if not config.data.get("data_dir", ""):   # stage=sft alone: WORKDIR/demos
     config.data.data_dir = os.path.join(args.workdir, "demos")
-  tok = tok_lib.load_tokenizer(rl_stage.tokenizer_path(config))
-  mcfg = train.model_config(config, vocab_size=len(tok))
+  tok = tok_lib.load_tokenizer(rundir.tokenizer_dir(config))
+  mcfg = rundir.model_config(config, vocab_size=len(tok))
   mesh = shd.make_mesh({"data": 1, "fsdp": -1, "tensor": 1})
-  graphdef, abstract, shardings = train.abstract_model(mcfg, mesh, shd.as_rules(None))
+  graphdef, abstract, shardings = state_lib.abstract_model(mcfg, mesh, shd.as_rules(None))
   ckdir = os.path.join(args.workdir, "checkpoints")
   state = ckpt_lib.restore_model_state(args.workdir,
                                        ckpt_lib.with_shardings(abstract, shardings))
@@ -48,14 +51,14 @@ def main():
   catalog = toolenv.load_catalog(rl.catalog, seed=rl.catalog_seed)
   gen = toolenv.TaskGenerator(catalog, seed=rl.task_seed)
   kinds = [k for k in rl.kinds.split(",") if k]
-  tasks = rl_stage.draw_tasks(gen, args.split, args.start, args.n, kinds)
+  tasks = rl_tasks.draw_tasks(gen, args.split, args.start, args.n, kinds)
   policy = policies.JaxPolicy(nnx.merge(graphdef, state), fmt, max_len=rl.max_len,
                               max_turn_tokens=rl.max_turn_tokens, temperature=0.0)
   env = toolenv.VectorToolEnv(catalog, num_envs=len(tasks),
                               obs_format=str(config.data.get("obs_format", "full")),
                               **toolenv.oracle.env_options(rl.strategy))
-  res = rollout.run_rollout(policy, env, tasks, fmt, rl_stage.rollout_config(rl))
-  print(json.dumps(rl_stage.summarize(tasks, res.episodes)))
+  res = rollout.run_rollout(policy, env, tasks, fmt, greedy.rollout_config(rl))
+  print(json.dumps(greedy.summarize(tasks, res.episodes)))
   for i in range(min(args.show, len(tasks))):
     buf = res.buffers[i]
     print("=" * 30, tasks[i].kind, "success", res.episodes[i]["success"])

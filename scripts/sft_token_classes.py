@@ -98,7 +98,8 @@ def main():
   import ml_collections
   from flax import nnx
   from paraagent_jax import checkpoint as ckpt_lib
-  from paraagent_jax import rl_stage, train
+  from paraagent_jax import rundir
+  from paraagent_jax.trainer import state as state_lib
   from paraagent_jax import sharding as shd
   from paraagent_jax import tokenizer as tok_lib
   with open(os.path.join(args.workdir, "config.json")) as f:
@@ -106,10 +107,10 @@ def main():
   data_dir = (args.data_dir or config.data.get("data_dir", "")
               or os.path.join(os.path.dirname(os.path.abspath(args.workdir)), "demos"))
   config.data.data_dir = data_dir
-  tok = tok_lib.load_tokenizer(rl_stage.tokenizer_path(config))
-  mcfg = train.model_config(config, vocab_size=len(tok))
+  tok = tok_lib.load_tokenizer(rundir.tokenizer_dir(config))
+  mcfg = rundir.model_config(config, vocab_size=len(tok))
   mesh = shd.make_mesh({"data": 1, "fsdp": -1, "tensor": 1})
-  graphdef, abstract, shardings = train.abstract_model(mcfg, mesh, shd.as_rules(None))
+  graphdef, abstract, shardings = state_lib.abstract_model(mcfg, mesh, shd.as_rules(None))
   state = ckpt_lib.restore_model_state(args.workdir,
                                        ckpt_lib.with_shardings(abstract, shardings))
   model = nnx.merge(graphdef, state)

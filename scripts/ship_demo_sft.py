@@ -69,11 +69,12 @@ def main():
   # pylint: disable=g-import-not-at-top
   from paraagent_jax import checksums
   from paraagent_jax import export_hf
-  from paraagent_jax.sft_stage import EVAL_FILE, format_eval
+  from paraagent_jax import rundir
+  from paraagent_jax.trainer.sft import EVAL_FILE, format_eval
   if os.path.exists(args.out):
     shutil.rmtree(args.out)
   summary = export_hf.export(args.workdir, args.out)
-  config = export_hf.load_run_config(args.workdir)
+  config = rundir.load_run_config(args.workdir)
   with open(os.path.join(args.workdir, EVAL_FILE)) as f:
     ev = json.load(f)
   m = config.model
@@ -82,7 +83,7 @@ def main():
   log_lines = []
   phases = args.before + [args.workdir]
   for i, wd in enumerate(phases):
-    cfg = config if wd == args.workdir else export_hf.load_run_config(wd)
+    cfg = config if wd == args.workdir else rundir.load_run_config(wd)
     if len(phases) > 1:
       log_lines += [f"Phase {i + 1} ({wd}; steps count from 1 in each phase):", ""]
     log_lines += log_summary(wd, int(cfg.data.get("copy_warmup", 0)),

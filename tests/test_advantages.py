@@ -2,7 +2,7 @@
 
 The reference below loops over groups, phase types, segments and tokens in
 float64, straight from the formulas of issue 7; it shares no code with
-`paraagent_jax.rl.advantages`.
+`paraagent_jax.learner.advantages`.
 """
 
 import jax
@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from paraagent_jax.rl import advantages as adv_lib
-from paraagent_jax.rl import batch as batch_lib
+from paraagent_jax.learner import advantages as adv_lib
+from paraagent_jax.learner import batch as batch_lib
 
 W_DEFAULT = np.array([[1, 1, 0], [1, 0, 1], [1, 0, 0]], np.float64)
 

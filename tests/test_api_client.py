@@ -3,7 +3,7 @@
 import pytest
 
 from paraagent_jax import api_client
-from paraagent_jax.openai_server import ChatServer
+from tests.openai_server import ChatServer
 
 
 def _echo(request):

@@ -15,7 +15,7 @@ from paraagent_jax import config_utils
 from paraagent_jax import evaluate
 from paraagent_jax import tokenizer as tok_lib
 from paraagent_jax.evaluation import runner
-from paraagent_jax.openai_server import ChatServer
+from tests.openai_server import ChatServer
 from paraagent_jax.paraact import chat_format, policies, protocol, rollout
 
 

@@ -18,7 +18,7 @@ from ml_collections import ConfigDict
 import toolenv
 from paraagent_jax.api_client import ChatClient
 from paraagent_jax.coldstart import build, chat_roles, orchestrator, roles
-from paraagent_jax.openai_server import ChatServer
+from tests.openai_server import ChatServer
 from paraagent_jax.paraact import protocol
 from toolenv.catalog import procedural
 

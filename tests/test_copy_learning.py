@@ -30,8 +30,8 @@ import optax
 
 from paraagent_jax import tokenizer as tok_lib
 from paraagent_jax.models import qwen3
-from paraagent_jax.rl import sft_loss
-from paraagent_jax.rl import train_step as ts
+from paraagent_jax.learner import sft_loss
+from paraagent_jax.learner import optimizer as optim
 from toolenv.catalog import procedural
 from toolenv.executor import digest
 from toolenv.tasks import TEST_FRACTION
@@ -112,7 +112,7 @@ def test_small_model_copies_unseen_provider_names():
                           num_layers=2, num_heads=4, num_kv_heads=4, head_dim=16,
                           max_position_embeddings=seq_len)
   model = qwen3.Qwen3(cfg, rngs=nnx.Rngs(0))
-  tx = ts.make_optimizer(dict(learning_rate=LR, warmup_steps=20, total_steps=STEPS,
+  tx = optim.make_optimizer(dict(learning_rate=LR, warmup_steps=20, total_steps=STEPS,
                               schedule="constant", weight_decay=0.0))
   graphdef, params = nnx.split(model)
   opt_state = tx.init(params)

@@ -5,10 +5,11 @@ from hypothesis import strategies as st
 import numpy as np
 import pytest
 
+from paraagent_jax.learner import batch as batch_lib
 from paraagent_jax.paraact import episode as ep
 from toolenv import rewards as rw
 
-_CODE = {"explore": ep.EXPLORE, "execute": ep.EXECUTE}
+_CODE = {"explore": batch_lib.PHASE_EXPLORE, "execute": batch_lib.PHASE_EXECUTE}
 
 
 def _ours(phases):
@@ -33,7 +34,7 @@ def test_hand_worked_segments():
   buf, segs = _ours(phases)
   # The leading malformed step has no run to join; the one at 3 joins explore.
   assert segs == [-1, 0, 0, 0, 1, 1, 2, -1]
-  assert buf.segment_types == [ep.EXPLORE, ep.EXECUTE, ep.EXPLORE]
+  assert buf.segment_types == [batch_lib.PHASE_EXPLORE, batch_lib.PHASE_EXECUTE, batch_lib.PHASE_EXPLORE]
   assert buf.step_phases[0] == "invalid"
 
 
@@ -62,12 +63,12 @@ def test_pack_hand_worked():
   buf = ep.EpisodeBuffer()
   buf.add_context([5, 6, 7])
   s, g = buf.begin_step("explore")
-  buf.add_policy([10, 11], [-0.5, -0.25], [ep.PLAN, ep.ACTION], s, g)
+  buf.add_policy([10, 11], [-0.5, -0.25], [batch_lib.KIND_PLAN, batch_lib.KIND_ACTION], s, g)
   buf.add_context([8])
   s, g = buf.begin_step("execute")
-  buf.add_policy([12], [-1.0], [ep.ACTION], s, g)
+  buf.add_policy([12], [-1.0], [batch_lib.KIND_ACTION], s, g)
   s, g = buf.begin_step("answer")
-  buf.add_policy([13, 14], [-2.0, -3.0], [ep.ANSWER, ep.ANSWER], s, g)
+  buf.add_policy([13, 14], [-2.0, -3.0], [batch_lib.KIND_ANSWER, batch_lib.KIND_ANSWER], s, g)
   rew = {"step": [0.4, 0.2, 0.1], "phase": [("explore", 0.5), ("execute", 1.0)],
          "trajectory": 1.05}
   out = ep.pack_episodes([buf], [rew], [0], max_len=12, max_steps=4, max_phases=3, pad_id=1)

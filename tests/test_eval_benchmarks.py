@@ -194,7 +194,7 @@ def test_random_tiny_model_runs_and_is_scored_on_bfcl(tmp_path):
 def test_api_policy_on_bfcl_against_a_local_server(tmp_path):
   """An OpenAI-compatible server replays the oracle as tool calls, on BFCL."""
   import json  # pylint: disable=g-import-not-at-top
-  from paraagent_jax.openai_server import ChatServer  # pylint: disable=g-import-not-at-top
+  from tests.openai_server import ChatServer  # pylint: disable=g-import-not-at-top
   from toolenv.catalog import bfcl as bfcl_cat  # pylint: disable=g-import-not-at-top
   from toolenv.schema import META_TOOLS  # pylint: disable=g-import-not-at-top
   entries = bfcl_cat.load_entries(BFCL, ("simple_python", "parallel"))

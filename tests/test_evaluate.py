@@ -1,13 +1,13 @@
 """The evaluation entry point: oracle sanity check, resume, bad input."""
 
-import json
 import os
 
 import pytest
 
+from paraagent_jax.evaluation import suite
+from paraagent_jax.evaluation import greedy
 from paraagent_jax import config_utils
 from paraagent_jax import evaluate
-from paraagent_jax import rl_stage
 from paraagent_jax.evaluation import runner
 
 
@@ -79,13 +79,13 @@ def test_interrupted_evaluation_resumes_to_the_same_records(oracle_run, tmp_path
   c = small_config(strategies="paraact")
   import toolenv  # pylint: disable=g-import-not-at-top
   from paraagent_jax.paraact import chat_format, policies  # pylint: disable=g-import-not-at-top
-  tok = evaluate._tokenizer(c, "", d)  # pylint: disable=protected-access
+  tok = suite.policy_tokenizer(c, "", d)  # pylint: disable=protected-access
   cat = toolenv.load_catalog("procedural", seed=0)
   tasks = runner.toolenv_tasks(cat, num_per_kind=2)
   fmt_for = lambda s: chat_format.ChatFormat(tok, strategy=s)
   out = runner.run_toolenv(lambda s: policies.OraclePolicy(fmt_for(s), strategy=s), fmt_for,
                            cat, tasks, strategy="paraact", policy_name="oracle",
-                           workdir=str(tmp_path), rollout_config=rl_stage.rollout_config(c.rollout),
+                           workdir=str(tmp_path), rollout_config=greedy.rollout_config(c.rollout),
                            batch_size=4, benchmark="toolenv-procedural", log=logs.append)
   assert "3 recorded, 7 to go" in logs[0]
   key = lambda r: (r["task_id"], r["success"], r["turns"], r["calls"])

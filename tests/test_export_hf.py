@@ -17,6 +17,7 @@ import pytest
 import torch
 import transformers
 
+from paraagent_jax import rundir
 from paraagent_jax import checkpoint as ckpt_lib
 from paraagent_jax import config_utils
 from paraagent_jax import export_hf
@@ -40,7 +41,7 @@ def workdir(tmp_path_factory):
 def restored(workdir):
   """Our model from the last checkpoint, restored independently of export."""
   config = config_utils.load_config(f"{TINY}:{ARGS}")
-  cfg = train.model_config(config)
+  cfg = rundir.model_config(config)
   abstract = nnx.eval_shape(lambda: qwen3.Qwen3(cfg, rngs=nnx.Rngs(0)))
   graphdef, state = nnx.split(abstract)
   root, step = ckpt_lib.find_checkpoint(workdir)
@@ -116,9 +117,9 @@ def test_tokenizer_chat_template_and_eval_in_card(workdir, tmp_path):
 
 
 def test_bad_workdir_and_step_are_refused(workdir, tmp_path):
-  with pytest.raises(export_hf.ExportError, match="no config.json"):
+  with pytest.raises(config_utils.ConfigError, match="no config.json"):
     export_hf.export(str(tmp_path), str(tmp_path / "o"))
-  with pytest.raises(export_hf.ExportError, match="no checkpoint for step 999"):
+  with pytest.raises(config_utils.ConfigError, match="no checkpoint for step 999"):
     export_hf.export(workdir, str(tmp_path / "o"), step=999)
 
 

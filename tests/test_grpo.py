@@ -2,7 +2,7 @@
 
 The numpy references here (log-softmax shift, group normalisation, clipped
 ratio, k3 KL, aggregations, cross-entropy) are written from the formulas,
-not from `paraagent_jax.rl`. Models are small stand-ins: `FixedLogits`
+not from `paraagent_jax.learner`. Models are small stand-ins: `FixedLogits`
 returns a parameter as its logits so that the loss can be recomputed in
 numpy from known log-probs; `TinyLM` is a causal model with sharded
 parameters for the mesh and accumulation tests.
@@ -11,13 +11,18 @@ parameters for the mesh and accumulation tests.
 from flax import nnx
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 
-from paraagent_jax.rl import batch as batch_lib
-from paraagent_jax.rl import grpo
-from paraagent_jax.rl import sft_loss as sft
-from paraagent_jax.rl import train_step as ts
+from paraagent_jax import sharding as shd
+from paraagent_jax.learner import batch as batch_lib
+from paraagent_jax.learner import grpo
+from paraagent_jax.learner import sft_loss as sft
+from paraagent_jax.learner import optimizer as optim
+from paraagent_jax import config_utils
+from paraagent_jax.learner import step as ts
+from paraagent_jax.models import qwen3
 
 AXES = ("data", "fsdp", "tensor")
 B, T, S, P, V = 8, 16, 4, 3, 32
@@ -214,15 +219,15 @@ def test_sft_loss_matches_numpy_cross_entropy():
 
 
 def test_schedule_warmup_then_cosine():
-  cfg = ts.OptimizerConfig(learning_rate=1.0, warmup_steps=4, total_steps=14,
+  cfg = optim.OptimizerConfig(learning_rate=1.0, warmup_steps=4, total_steps=14,
                            end_lr_ratio=0.0)
-  sched = ts.make_schedule(cfg)
+  sched = optim.make_schedule(cfg)
   assert float(sched(2)) == pytest.approx(0.5)
   assert float(sched(4)) == pytest.approx(1.0)
   assert float(sched(9)) == pytest.approx(0.5 * (1 + np.cos(np.pi * 0.5)))
   assert float(sched(14)) == pytest.approx(0.0, abs=1e-7)
   with pytest.raises(ValueError, match="unknown"):
-    ts.config_from_mapping(ts.OptimizerConfig, {"lr": 1.0})
+    config_utils.config_from_mapping(optim.OptimizerConfig, {"lr": 1.0})
 
 def test_schedule_warmup_stable_decay():
   """wsd: warmup, the peak until the last decay_steps, then linear to the end
@@ -230,16 +235,16 @@ def test_schedule_warmup_stable_decay():
   continues a shorter one exactly)."""
   cfg = dict(learning_rate=2.0, warmup_steps=4, total_steps=24, end_lr_ratio=0.1,
              schedule="wsd", decay_steps=10)
-  sched = ts.make_schedule(cfg)
+  sched = optim.make_schedule(cfg)
   assert float(sched(2)) == pytest.approx(1.0)
   assert [float(sched(s)) for s in (4, 9, 14)] == pytest.approx([2.0, 2.0, 2.0])
   assert float(sched(19)) == pytest.approx(2.0 - 0.5 * (2.0 - 0.2))
   assert float(sched(24)) == pytest.approx(0.2)
-  longer = ts.make_schedule(dict(cfg, total_steps=100))
+  longer = optim.make_schedule(dict(cfg, total_steps=100))
   assert [float(longer(s)) for s in range(15)] == pytest.approx(
       [float(sched(s)) for s in range(15)])
   # decay_steps = 0: the last 20% of the steps after the warmup.
-  default = ts.make_schedule(dict(cfg, decay_steps=0))
+  default = optim.make_schedule(dict(cfg, decay_steps=0))
   assert float(default(20)) == pytest.approx(2.0)
   assert float(default(22)) == pytest.approx(2.0 - 0.5 * 1.8)
 
@@ -249,7 +254,7 @@ def run_steps(mesh, cfg, n_steps=2, kind="grpo", seed=0):
   """n optimizer steps of TinyLM on a fresh model; returns (params, metrics)."""
   model = make_tiny(seed)
   graphdef, state = nnx.split(model)
-  optimizer = ts.make_optimizer(ts.OptimizerConfig(
+  optimizer = optim.make_optimizer(optim.OptimizerConfig(
       learning_rate=0.05, warmup_steps=1, total_steps=10, weight_decay=0.01,
       max_grad_norm=0.5))
   state, opt_state = ts.shard_train_state(state, optimizer, mesh, RULES)
@@ -322,7 +327,7 @@ def test_first_step_loss_matches_numpy_and_update_is_adamw():
   mesh = mesh_of((1, 1, 1))
   graphdef, state = nnx.split(model)
   lr = 0.1
-  optimizer = ts.make_optimizer(ts.OptimizerConfig(
+  optimizer = optim.make_optimizer(optim.OptimizerConfig(
       learning_rate=lr, warmup_steps=0, schedule="constant",
       max_grad_norm=0.0, adam_eps=1e-30))
   state, opt_state = ts.shard_train_state(state, optimizer, mesh, RULES)
@@ -388,7 +393,7 @@ def test_train_step_with_reference_model_state():
   """beta > 0 without batch ref_logprobs: the frozen ref_state is used."""
   mesh = mesh_of((2, 2, 2))
   graphdef, state = nnx.split(make_tiny(3))
-  optimizer = ts.make_optimizer(ts.OptimizerConfig(learning_rate=0.05,
+  optimizer = optim.make_optimizer(optim.OptimizerConfig(learning_rate=0.05,
                                                    warmup_steps=0))
   state, opt_state = ts.shard_train_state(state, optimizer, mesh, RULES)
   ref_state = jax.tree.map(jnp.copy, state)  # not donated with `state`
@@ -415,8 +420,7 @@ def test_temperature_divides_the_logits():
 
 
 def test_configs_from_config_dicts():
-  import ml_collections  # pylint: disable=g-import-not-at-top
-  cfg = ts.config_from_mapping(grpo.GRPOConfig, ml_collections.ConfigDict(
+  cfg = config_utils.config_from_mapping(grpo.GRPOConfig, ml_collections.ConfigDict(
       {"levels": ["traj", "step"], "beta": 0.1, "level_weights":
        [[1, 0, 0], [1, 0, 1], [1, 0, 0]]}))
   assert cfg.levels == ("traj", "step") and cfg.level_weights[1] == (1, 0, 1)
@@ -424,39 +428,17 @@ def test_configs_from_config_dicts():
     grpo.GRPOConfig(aggregation="sum")
   with pytest.raises(ValueError, match="levels"):
     grpo.GRPOConfig(levels=("trajectory",))
-  opt = ts.make_optimizer(ml_collections.ConfigDict({"learning_rate": 1e-3}))
+  opt = optim.make_optimizer(ml_collections.ConfigDict({"learning_rate": 1e-3}))
   assert opt.init({"w": jnp.ones((2, 2))}) is not None
-
-
-def test_state_sharding_fallback_agrees_with_sharding_module(monkeypatch):
-  """The no-sharding-module fallback maps names like the rules table."""
-  _, state = nnx.split(make_tiny())
-  mesh = mesh_of((2, 2, 2))
-  def specs(sh):  # P(None,) and P() are the same layout: strip trailing None.
-    out = []
-    for x in jax.tree.leaves(
-        sh, is_leaf=lambda x: isinstance(x, jax.sharding.NamedSharding)):
-      dims = list(x.spec)
-      while dims and dims[-1] is None:
-        dims.pop()
-      out.append(tuple(dims))
-    return out
-
-  main = specs(ts.state_sharding(state, mesh, RULES))
-  monkeypatch.setattr(ts, "shd", None)
-  assert specs(ts.state_sharding(state, mesh, RULES)) == main
-  assert ("fsdp", "tensor") in main
 
 
 def run_qwen3_steps(mesh, n_steps=2):
   """GRPO steps of the tiny Qwen3 preset, placed like the trainer does."""
-  qwen3 = pytest.importorskip("paraagent_jax.models.qwen3")
-  shd = pytest.importorskip("paraagent_jax.sharding")
   cfg = qwen3.Qwen3Config.preset("tiny")
   model = qwen3.Qwen3(cfg, rngs=nnx.Rngs(0))
   shd.set_sharding_ctx(model, mesh)
   graphdef, state = nnx.split(model)
-  optimizer = ts.make_optimizer(ts.OptimizerConfig(
+  optimizer = optim.make_optimizer(optim.OptimizerConfig(
       learning_rate=1e-3, warmup_steps=0, max_grad_norm=1.0))
   state, opt_state = ts.shard_train_state(state, optimizer, mesh)
   step = grpo.make_train_step(graphdef, optimizer, grpo.GRPOConfig(
@@ -489,8 +471,6 @@ def test_length_sorted_micro_batches_equal_the_scan_step(with_ref, mesh_shape):
   """`grpo.make_train_step(..., lengths=...)`: rows sorted by length, each
   micro-batch padded to its own length, gives the scan step's update (two
   steps of a tiny Qwen3; without ref_logprobs the KL reference is a model)."""
-  from paraagent_jax import sharding as shd  # pylint: disable=g-import-not-at-top
-  from paraagent_jax.models import qwen3  # pylint: disable=g-import-not-at-top
   mesh = mesh_of(mesh_shape)
   cfg = qwen3.Qwen3Config.preset("tiny")
   gcfg = grpo.GRPOConfig(beta=0.02, num_micro_batches=2)
@@ -505,7 +485,7 @@ def test_length_sorted_micro_batches_equal_the_scan_step(with_ref, mesh_shape):
     shd.set_sharding_ctx(model, mesh)
     graphdef, state = nnx.split(model)
     ref_state = None if with_ref else jax.tree.map(jnp.copy, state)
-    optimizer = ts.make_optimizer(ts.OptimizerConfig(learning_rate=1e-3, warmup_steps=0))
+    optimizer = optim.make_optimizer(optim.OptimizerConfig(learning_rate=1e-3, warmup_steps=0))
     state, opt_state = ts.shard_train_state(state, optimizer, mesh)
     step = grpo.make_train_step(graphdef, optimizer, gcfg, mesh, lengths=lengths)
     out = []

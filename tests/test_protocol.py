@@ -4,6 +4,7 @@ import json
 
 from hypothesis import given, settings, strategies as st
 
+from paraagent_jax.learner import batch as batch_lib
 from paraagent_jax.paraact import protocol as p
 from toolenv.schema import Call, Step
 
@@ -102,8 +103,8 @@ def test_classify_spans_and_token_kinds():
   text = p.render_step(Step(phase="execute", thought="ab",
                             calls=[Call("t", {})]))
   first = text.index("<call>")
-  assert p.classify_spans(text) == [(0, first, p.PLAN),
-                                    (first, len(text), p.ACTION)]
+  assert p.classify_spans(text) == [(0, first, batch_lib.KIND_PLAN),
+                                    (first, len(text), batch_lib.KIND_ACTION)]
   offsets = [(0, 9), (9, 12), (first, first + 6), (first + 6, len(text)),
              (len(text), len(text))]
   assert p.token_kinds(offsets, p.classify_spans(text)) == [0, 0, 1, 1, 1]

@@ -7,9 +7,12 @@ import ml_collections
 import pytest
 
 import toolenv
+from paraagent_jax.trainer import rl_tasks
+from paraagent_jax.trainer import rl_report
+from paraagent_jax.trainer import rl as rl_lib
+from paraagent_jax.evaluation import greedy
 from paraagent_jax import config_utils
 from paraagent_jax import metrics as metrics_lib
-from paraagent_jax import rl_stage
 from paraagent_jax.evaluation import paired
 from paraagent_jax import tokenizer as tok_lib
 from paraagent_jax.paraact import protocol
@@ -51,7 +54,7 @@ def rl_config(tok_dir, **rl):
 
 def test_rl_runs_logs_levels_and_checkpoints(tok_dir, tmp_path):
   d = str(tmp_path)
-  out = rl_stage.run_rl(rl_config(tok_dir, task_sampling="pass_rate",
+  out = rl_lib.run_rl(rl_config(tok_dir, task_sampling="pass_rate",
                                   length_buckets="256,512"), d)
   assert "success" in out and 0.0 <= out["success"] <= 1.0
   recs = metrics_lib.read_jsonl(os.path.join(d, "metrics.jsonl"))
@@ -72,9 +75,9 @@ def test_rl_runs_logs_levels_and_checkpoints(tok_dir, tmp_path):
   assert os.listdir(os.path.join(d, "checkpoints")) == ["1"]
   # Per-task evaluations before/after on the same tasks, paired; the curve.
   before, after = (paired.read_per_task(os.path.join(d, f)) for f in
-                   (rl_stage.EVAL_BEFORE_FILE, rl_stage.EVAL_AFTER_FILE))
+                   (rl_report.EVAL_BEFORE_FILE, rl_report.EVAL_AFTER_FILE))
   assert sorted(before) == sorted(after) and len(before) == 2
-  with open(os.path.join(d, rl_stage.PAIRED_FILE)) as f:
+  with open(os.path.join(d, rl_report.PAIRED_FILE)) as f:
     pr = json.load(f)
   assert pr["tasks"] == 2 and pr["success_after"] == out["success"]
   assert pr["success_before"] == recs[0]["eval/success"] and recs[0]["step"] == 0
@@ -87,7 +90,7 @@ def test_rl_runs_logs_levels_and_checkpoints(tok_dir, tmp_path):
   assert "calls per execute step (oracle)" in report
   # One solved and one failed transcript per kind where they exist, each
   # starting with the task and showing what the policy wrote.
-  recs_after = metrics_lib.read_jsonl(os.path.join(d, rl_stage.EVAL_AFTER_FILE))
+  recs_after = metrics_lib.read_jsonl(os.path.join(d, rl_report.EVAL_AFTER_FILE))
   assert all(r["transcript"][0]["role"] == "task" for r in recs_after)
   assert "held-out transcript per kind" in report
   for outcome, want in ((": failed\n[task]", False), (": solved\n[task]", True)):
@@ -104,7 +107,7 @@ def test_kind_weights_hand_worked():
           {"eval/success": 0.0},                       # not a rollout record
           {"train/rollout/success": 1.0, "train/rollout/success_single": 1.0,
            "train/rollout/n_single": 2.0}]
-  w = rl_stage.kind_weights(hist, ["single", "chain", "fanout"], group_size=4,
+  w = rl_tasks.kind_weights(hist, ["single", "chain", "fanout"], group_size=4,
                             window=5, floor=0.05)
   # single: 4 + 2 successes of 10 -> p = 7/12; chain: 0 of 8 -> p = 1/10;
   # fanout unseen -> p = 1/2.
@@ -113,17 +116,17 @@ def test_kind_weights_hand_worked():
   assert w["chain"] == pytest.approx(1 - 0.1**4 - 0.9**4)
   assert w["fanout"] == pytest.approx(1 - 2 * 0.5**4)
   # Only the last `window` rollout records count; the floor holds.
-  w1 = rl_stage.kind_weights(hist, ["single", "chain"], 4, window=1, floor=0.0)
+  w1 = rl_tasks.kind_weights(hist, ["single", "chain"], 4, window=1, floor=0.0)
   assert w1["single"] == pytest.approx(1 - 0.75**4 - 0.25**4)   # 2 of 2
   assert w1["chain"] == pytest.approx(1 - 2 * 0.5**4)             # unseen in it
-  assert rl_stage.kind_weights(hist, ["chain"], 4, 5, floor=0.5)["chain"] == 0.5
+  assert rl_tasks.kind_weights(hist, ["chain"], 4, 5, floor=0.5)["chain"] == 0.5
 
 
 def test_sample_tasks_follows_weights_and_is_deterministic():
   gen = toolenv.TaskGenerator(toolenv.load_catalog("procedural", seed=0), seed=0)
   kinds = ["single", "chain"]
   rr = config_utils.load_config("configs/sft_tiny.py").rl
-  assert [t.kind for t in rl_stage.sample_tasks(gen, 1, 4, kinds, rr, [])] == [
+  assert [t.kind for t in rl_tasks.sample_tasks(gen, 1, 4, kinds, rr, [])] == [
       "single", "chain", "single", "chain"]
   rr.task_sampling = "pass_rate"
   rr.sampling_floor = 0.0
@@ -131,58 +134,58 @@ def test_sample_tasks_follows_weights_and_is_deterministic():
   hist = [{"train/rollout/success": 1.0, "train/rollout/success_single": 1.0,
            "train/rollout/n_single": 400.0, "train/rollout/success_chain": 0.5,
            "train/rollout/n_chain": 400.0}]
-  a = rl_stage.sample_tasks(gen, 3, 8, kinds, rr, hist, seed=0)
-  b = rl_stage.sample_tasks(gen, 3, 8, kinds, rr, hist, seed=0)
+  a = rl_tasks.sample_tasks(gen, 3, 8, kinds, rr, hist, seed=0)
+  b = rl_tasks.sample_tasks(gen, 3, 8, kinds, rr, hist, seed=0)
   assert [t.id for t in a] == [t.id for t in b]
   assert sum(t.kind == "chain" for t in a) >= 7
   assert len({t.id for t in a}) == 8
   rr.task_sampling = "hardest"
   with pytest.raises(config_utils.ConfigError, match="task_sampling"):
-    rl_stage.sample_tasks(gen, 1, 4, kinds, rr, [])
+    rl_tasks.sample_tasks(gen, 1, 4, kinds, rr, [])
 
 
 def test_behaviour_by_kind_and_oracle_hand_worked():
   recs = [{"kind": "single", "turns": 3, "calls_per_step": [1]},
           {"kind": "single", "turns": 5, "calls_per_step": [1, 2]},
           {"kind": "parallel", "turns": 4, "calls_per_step": []}]
-  assert rl_stage.behaviour_by_kind(recs) == {"single": (4.0, 4 / 3), "parallel": (4.0, 0.0)}
+  assert greedy.behaviour_by_kind(recs) == {"single": (4.0, 4 / 3), "parallel": (4.0, 0.0)}
   gen = toolenv.TaskGenerator(toolenv.load_catalog("procedural", seed=0), seed=0)
   task = gen.task(0, "test", "parallel")
-  (rec,) = rl_stage.oracle_records([task])
+  (rec,) = greedy.oracle_records([task])
   # ParaAct oracle of a parallel task: one explore step, one execute step
   # with every call, the answer.
   assert rec["turns"] == 3 and rec["calls_per_step"] == [len(task.nodes)]
-  lines = rl_stage.behaviour_table(recs, [rec])
+  lines = greedy.behaviour_table(recs, [rec])
   assert lines[2].startswith("| parallel | 4.00 | 3.00 | 0.00 |")
   assert lines[3].startswith("| single | 4.00 | nan |")
 
 
 def test_traj_spread_fraction():
   r = [0, 0, 1, 0,   1, 1, 1, 1,   0, 0, 0, 0]
-  assert rl_stage.traj_spread_fraction(r, 4) == pytest.approx(1 / 3)
-  assert rl_stage.traj_spread_fraction([1.02, 1.0], 2) == 1.0   # efficiency bonus
+  assert rl_lib.traj_spread_fraction(r, 4) == pytest.approx(1 / 3)
+  assert rl_lib.traj_spread_fraction([1.02, 1.0], 2) == 1.0   # efficiency bonus
 
 
 def test_no_update_is_said():
-  assert "no update" in rl_stage.no_update_note({"dropped_episode_frac": 1.0})
-  assert rl_stage.no_update_note({"dropped_episode_frac": 0.5}) == ""
-  assert rl_stage.no_update_note({}) == ""
+  assert "no update" in rl_lib.no_update_note({"dropped_episode_frac": 1.0})
+  assert rl_lib.no_update_note({"dropped_episode_frac": 0.5}) == ""
+  assert rl_lib.no_update_note({}) == ""
 
 
 def test_length_buckets_are_checked():
   def cfg(spec):
     return ml_collections.ConfigDict({"length_buckets": spec, "max_len": 2048})
-  assert rl_stage.length_buckets(cfg("1024, 1536")) == [1024, 1536, 2048]
-  assert rl_stage.length_buckets(cfg("")) == []
+  assert rl_lib.length_buckets(cfg("1024, 1536")) == [1024, 1536, 2048]
+  assert rl_lib.length_buckets(cfg("")) == []
   for bad in ("1024,x", "0,512", "-5"):
     with pytest.raises(config_utils.ConfigError, match="length_buckets"):
-      rl_stage.length_buckets(cfg(bad))
+      rl_lib.length_buckets(cfg(bad))
 
 
 def test_missing_tokenizer_is_a_config_error(tmp_path):
   c = rl_config(str(tmp_path / "nope"))
   with pytest.raises(config_utils.ConfigError, match="tokenizer"):
-    rl_stage.run_rl(c, str(tmp_path / "w"))
+    rl_lib.run_rl(c, str(tmp_path / "w"))
 
 
 def test_kl_reference_is_the_starting_policy_even_after_resume(tok_dir, tmp_path):
@@ -198,9 +201,9 @@ def test_kl_reference_is_the_starting_policy_even_after_resume(tok_dir, tmp_path
   c.rl.grpo.mask_truncated = False
   c.optimizer.learning_rate = 0.05
   c.optimizer.warmup_steps = 0            # (warmup's first step has lr 0)
-  rl_stage.run_rl(c, d)
+  rl_lib.run_rl(c, d)
   c.rl.iterations = 2
-  rl_stage.run_rl(c, d)                     # resumes at iteration 1
+  rl_lib.run_rl(c, d)                     # resumes at iteration 1
   recs = metrics_lib.read_jsonl(os.path.join(d, "metrics.jsonl"))
   kl = {r["step"]: r["train/kl"] for r in recs if "train/kl" in r}
   # Iteration 1's single pass runs at the reference parameters themselves:
@@ -214,19 +217,19 @@ def test_rl_optimizer_has_its_own_rate_and_schedule_length(tok_dir):
   c = rl_config(tok_dir, iterations=30)
   c.total_steps = 1400                      # the SFT stage's length
   c.optimizer.learning_rate, c.optimizer.warmup_steps = 3e-3, 20
-  o = rl_stage.rl_optimizer_config(c)
+  o = rl_lib.rl_optimizer_config(c)
   # Without overrides: SFT's rate and warmup, but RL's own number of steps.
   assert (o.learning_rate, o.warmup_steps, o.total_steps) == (3e-3, 20, 30)
   c.rl.learning_rate, c.rl.warmup_steps, c.rl.schedule, c.rl.passes = 2e-4, 0, "constant", 2
-  o = rl_stage.rl_optimizer_config(c)
+  o = rl_lib.rl_optimizer_config(c)
   assert (o.learning_rate, o.warmup_steps, o.total_steps, o.schedule) == (2e-4, 0, 60, "constant")
   c.rl.schedule = "exponential"
   with pytest.raises(config_utils.ConfigError, match="optimizer \\(rl\\)"):
-    rl_stage.rl_optimizer_config(c)
+    rl_lib.rl_optimizer_config(c)
 
 
 def test_learning_curve_running_mean_and_png(tmp_path):
-  assert rl_stage._running_mean([1, 0, 1, 0, 1, 1], 3) == pytest.approx(
+  assert rl_report._running_mean([1, 0, 1, 0, 1, 1], 3) == pytest.approx(
       [1.0, 0.5, 2 / 3, 1 / 3, 2 / 3, 2 / 3])
   # 30 iterations (the thin line + running mean branch) and an evaluation.
   rows = [{"step": i, "train/rollout/success": (i % 3) / 3, "train/rollout/traj_reward": 0.1,
@@ -234,6 +237,6 @@ def test_learning_curve_running_mean_and_png(tmp_path):
           for i in range(1, 31)] + [{"step": 30, "eval/success": 0.4}]
   with open(tmp_path / "metrics.jsonl", "w") as f:
     f.writelines(json.dumps(r) + "\n" for r in rows)
-  path = rl_stage.save_curve(str(tmp_path))
+  path = rl_report.save_curve(str(tmp_path))
   with open(path, "rb") as f:
     assert f.read(8) == b"\x89PNG\r\n\x1a\n"

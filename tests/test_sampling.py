@@ -14,6 +14,7 @@ transformers = pytest.importorskip("transformers")
 jax = pytest.importorskip("jax")
 
 from paraagent_jax import sampling  # pylint: disable=g-import-not-at-top
+from paraagent_jax import sampling_kernels
 
 # (tie_embeddings, num_kv_heads): GQA ratio 2 with tied embeddings, ratio 1 untied.
 CONFIGS = [(True, 2), (False, 4)]
@@ -240,7 +241,7 @@ def test_sampling_seeded_and_restricted(models):
 def _sample_many(logits, n, **kw):
   keys = jax.random.split(jax.random.key(0), n)
   x = jax.numpy.asarray(np.tile(logits, (1, 1)), jax.numpy.float32)
-  fn = lambda k: sampling._sample(x, k, 1.0, kw.get("top_p", 1.0),  # pylint: disable=protected-access
+  fn = lambda k: sampling_kernels.sample_token(x, k, 1.0, kw.get("top_p", 1.0),  # pylint: disable=protected-access
                                   greedy=False, top_k=kw.get("top_k", 0),
                                   use_top_p=kw.get("top_p", 1.0) < 1.0)
   toks, lps = jax.vmap(fn)(keys)

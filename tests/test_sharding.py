@@ -14,8 +14,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from paraagent_jax import config_utils
 from paraagent_jax import sharding as shd
 from paraagent_jax.models import qwen3
+from paraagent_jax.trainer import state as state_lib
 
 # Every sharded dimension divides every mesh axis used below (sizes 1, 2, 4):
 # 8 heads and 4 kv heads split 4 ways on "tensor", hidden 64 on "fsdp",
@@ -188,3 +190,41 @@ def test_kv_heads_that_do_not_divide_tensor_stay_replicated_on_that_axis():
   assert _spec(k) == P("fsdp", None, None)
   q = nnx.state(model)["layers"][0]["q_proj"][...]
   assert _spec(q) == P("fsdp", "tensor", None)
+
+
+def test_strict_param_shardings_refuse_an_axis_that_does_not_divide():
+  # The same layout as above, strictly: 2 kv heads on a 4-way tensor axis is
+  # refused with the parameter and the rule named; replicating kv_heads
+  # ("" in the rules) is accepted and leaves k_proj split over fsdp only.
+  cfg = qwen3.Qwen3Config.preset("tiny")
+  mesh = _mesh((1, 2, 4))
+  _, abstract = nnx.split(nnx.eval_shape(lambda: qwen3.Qwen3(cfg, rngs=nnx.Rngs(0))))
+  with pytest.raises(shd.ShardingError, match=r"k_proj.*'kv_heads' \(size 2\) does not "
+                     r"divide over mesh axis 'tensor' \(4-way\)"):
+    shd.param_shardings(abstract, mesh, None, strict=True)
+  rules = dict(shd.DEFAULT_RULES, kv_heads="")
+  sh = shd.param_shardings(abstract, mesh, rules, strict=True)
+  assert sh["layers"][0]["k_proj"].get_value().spec == P("fsdp", None, None)
+  assert dict(shd.as_rules(rules))["kv_heads"] is None
+  assert dict(shd.as_rules({"batch": "data,fsdp"}))["batch"] == ("data", "fsdp")
+
+
+def test_trainer_refuses_bad_rules_and_replicated_params():
+  """The config's rules reach the trainer; it names what does not fit."""
+  cfg = qwen3.Qwen3Config.preset("tiny")
+  config = config_utils.train_defaults()
+  mesh = _mesh((1, 2, 4))
+  with pytest.raises(config_utils.ConfigError, match="sharding: mesh .*k_proj"):
+    state_lib.abstract_model(cfg, mesh, state_lib.sharding_rules(config))
+  config.sharding.rules.kv_heads = ""
+  _, _, sh = state_lib.abstract_model(cfg, mesh, state_lib.sharding_rules(config))
+  assert sh["layers"][0]["k_proj"].get_value().spec == P("fsdp", None, None)
+  # Everything replicated on a mesh with model-parallel axes: refused; under
+  # pure data parallelism replicas are the design.
+  model = qwen3.Qwen3(cfg, rngs=nnx.Rngs(0))
+  replicated = jax.device_put(nnx.state(model), NamedSharding(mesh, P()))
+  config.sharding.min_sharded_size = 2 ** 10
+  with pytest.raises(config_utils.ConfigError, match="large parameters are replicated"):
+    state_lib.check_sharded(config, replicated, mesh)
+  dp = _mesh((8, 1, 1))
+  state_lib.check_sharded(config, jax.device_put(nnx.state(model), NamedSharding(dp, P())), dp)

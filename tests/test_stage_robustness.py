@@ -22,12 +22,12 @@ import orbax.checkpoint as ocp
 import pytest
 
 import toolenv
+from paraagent_jax.trainer import sft as sft_lib
+from paraagent_jax.trainer import rl as rl_lib
 from paraagent_jax import checkpoint as ckpt_lib
 from paraagent_jax import config_utils
 from paraagent_jax import metrics as metrics_lib
-from paraagent_jax import rl_stage
 from paraagent_jax import tokenizer as tok_lib
-from paraagent_jax import train
 from paraagent_jax.paraact import protocol
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -221,33 +221,33 @@ def test_resume_refuses_other_levels_and_rebuilds_the_curve(tmp_path):
   # iteration 3), with a line cut short: replaced by the checkpoint's.
   path = tmp_path / "metrics.jsonl"
   path.write_text(json.dumps({"step": 3, "train/loss": 9.0}) + "\n{\"step\": 4")
-  it, got = rl_stage.resume_history(c, ("traj",), state, str(tmp_path))
+  it, got = rl_lib.resume_history(c, ("traj",), state, str(tmp_path))
   assert it == 2 and got == history
   assert metrics_lib.read_jsonl(str(path)) == history
-  assert rl_stage.last_eval(got) == {"success": 0.5}
-  assert rl_stage.last_eval(got[:2]) == {"success": 0.25}
+  assert rl_lib.last_eval(got) == {"success": 0.5}
+  assert rl_lib.last_eval(got[:2]) == {"success": 0.25}
   with pytest.raises(config_utils.ConfigError,
                      match="trained with rl.grpo.levels=traj; this config "
                            "says traj,phase,step"):
-    rl_stage.resume_history(c, ("traj", "phase", "step"), state, str(tmp_path))
+    rl_lib.resume_history(c, ("traj", "phase", "step"), state, str(tmp_path))
   # A checkpoint from before the history was stored keeps the file's
   # records up to its iteration.
   path.write_text("".join(json.dumps(r) + "\n" for r in history))
-  assert rl_stage.resume_history(c, ("traj",), {"iteration": 1},
+  assert rl_lib.resume_history(c, ("traj",), {"iteration": 1},
                                  str(tmp_path)) == (1, history[:2])
   assert metrics_lib.read_jsonl(str(path)) == history[:2]
   # A fresh run (no checkpoint) starts with an empty curve.
-  assert rl_stage.resume_history(c, ("traj",), None, str(tmp_path)) == (0, [])
+  assert rl_lib.resume_history(c, ("traj",), None, str(tmp_path)) == (0, [])
   assert metrics_lib.read_jsonl(str(path)) == []
 
 
 def test_rollout_seeds_depend_on_key_and_iteration_only():
   key = jax.random.PRNGKey(0)
-  seeds = [rl_stage.iteration_seed(key, it) for it in range(1, 6)]
+  seeds = [rl_lib.iteration_seed(key, it) for it in range(1, 6)]
   assert len(set(seeds)) == 5
-  assert seeds == [rl_stage.iteration_seed(jax.random.PRNGKey(0), it)
+  assert seeds == [rl_lib.iteration_seed(jax.random.PRNGKey(0), it)
                    for it in range(1, 6)]
-  assert rl_stage.iteration_seed(jax.random.PRNGKey(1), 1) != seeds[0]
+  assert rl_lib.iteration_seed(jax.random.PRNGKey(1), 1) != seeds[0]
 
 
 def test_sft_nan_stops_naming_step_metric_and_last_good_checkpoint(tmp_path):
@@ -256,7 +256,7 @@ def test_sft_nan_stops_naming_step_metric_and_last_good_checkpoint(tmp_path):
   workdir = str(tmp_path)
   c = config_utils.load_config(f"{TINY}:{base},debug.nan_at_step=5")
   with pytest.raises(metrics_lib.NonFiniteError) as e:
-    train.run_sft(c, workdir)
+    sft_lib.run_sft(c, workdir)
   # Step 5 is neither a logging nor a saving step: the per-step check
   # names it exactly (not the next logging step, 8).
   good = os.path.join(workdir, "checkpoints", "3")
@@ -266,7 +266,7 @@ def test_sft_nan_stops_naming_step_metric_and_last_good_checkpoint(tmp_path):
   leaves = model_leaves(workdir, 3)
   assert all(np.isfinite(x).all() for x in leaves)
   # Without the hook the same workdir resumes from it and finishes.
-  out = train.run_sft(config_utils.load_config(f"{TINY}:{base}"), workdir)
+  out = sft_lib.run_sft(config_utils.load_config(f"{TINY}:{base}"), workdir)
   assert np.isfinite(out["loss"])
   assert ckpt_lib.Checkpointer(workdir).all_steps() == [3, 6, 8]
 

@@ -3,6 +3,7 @@
 import pytest
 
 from paraagent_jax import tokenizer as T
+from paraagent_jax.learner import batch as batch_lib
 from paraagent_jax.paraact import protocol as p
 from toolenv.schema import Call, Step
 
@@ -79,7 +80,7 @@ def test_offsets_give_token_kinds(tok):
   kinds = p.token_kinds(out["offset_mapping"], p.classify_spans(text))
   call_id = tok.convert_tokens_to_ids("<call>")
   first = out["input_ids"].index(call_id)
-  assert set(kinds[:first]) == {p.PLAN} and set(kinds[first:]) == {p.ACTION}
+  assert set(kinds[:first]) == {batch_lib.KIND_PLAN} and set(kinds[first:]) == {batch_lib.KIND_ACTION}
 
 
 def test_missing_directory_is_clear_error(tmp_path):

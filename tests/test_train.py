@@ -18,13 +18,17 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+from paraagent_jax.trainer import state as state_lib
+from paraagent_jax.trainer import sft as sft_lib
+from paraagent_jax import rundir
+from paraagent_jax.trainer import pipeline
 from paraagent_jax import config_utils
 from paraagent_jax import metrics as metrics_lib
 from paraagent_jax import sharding as shd
 from paraagent_jax import train
 from paraagent_jax.data import synthetic
-from paraagent_jax.rl import sft_loss
-from paraagent_jax.rl import train_step as ts
+from paraagent_jax.learner import sft_loss
+from paraagent_jax.learner import optimizer as optim
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "configs", "sft_tiny.py")
@@ -217,7 +221,7 @@ def test_pipeline_sft2_needs_sft_and_known_keys(tmp_path):
   c = tiny_config()
   c.pipeline.stages = ("sft2",)
   with pytest.raises(config_utils.ConfigError, match="sft2 must follow sft"):
-    train.run_pipeline(c, str(tmp_path))
+    pipeline.run_pipeline(c, str(tmp_path))
   cfg = tiny_config()
   config_utils.merge_nested(cfg, {"optimizer": {"learning_rate": 0.5}, "total_steps": 3}, "x")
   assert cfg.optimizer.learning_rate == 0.5 and cfg.total_steps == 3
@@ -250,7 +254,7 @@ def test_nan_stops_with_step_metric_and_last_good_checkpoint(tmp_path):
                      "optimizer.warmup_steps": 0, "ckpt_every": 1,
                      "log_every": 1, "total_steps": 6})
   with pytest.raises(metrics_lib.NonFiniteError) as e:
-    train.run_sft(c, str(tmp_path))
+    sft_lib.run_sft(c, str(tmp_path))
   msg = str(e.value)
   assert "at step 2" in msg and "NaN/Inf in 'grad_norm'" in msg
   assert msg.endswith(os.path.join(str(tmp_path), "checkpoints", "1")
@@ -259,13 +263,13 @@ def test_nan_stops_with_step_metric_and_last_good_checkpoint(tmp_path):
 
 def one_step(mesh, workdir):
   c = tiny_config()
-  data = train.make_sft_data(c, "train")
-  model_cfg = train.model_config(c, data.vocab_size)
-  optimizer = ts.make_optimizer(train.optimizer_config(c))
-  t = train.build_train_state(c, mesh, optimizer, model_cfg, workdir)
+  data = sft_lib.make_sft_data(c, "train")
+  model_cfg = rundir.model_config(c, data.vocab_size)
+  optimizer = optim.make_optimizer(state_lib.optimizer_config(c))
+  t = state_lib.build_train_state(c, mesh, optimizer, model_cfg, workdir)
   t.checkpointer.close()
   step = sft_loss.make_sft_train_step(t.graphdef, optimizer, mesh)
-  state, _, out = step(t.state, t.opt_state, train.device_batch(next(data),
+  state, _, out = step(t.state, t.opt_state, state_lib.device_batch(next(data),
                                                                 mesh),
                        jax.random.PRNGKey(0))
   return float(out["loss"]), state
@@ -340,7 +344,7 @@ def test_pipeline_runs_stages_in_subdirs_and_hands_sft_to_rl(tmp_path,
     seen["init_from"], seen["workdir"] = config.init_from, workdir
     return {"ok": 1}
 
-  monkeypatch.setitem(train.STAGES, "rl", fake_rl)
+  monkeypatch.setitem(pipeline.STAGES, "rl", fake_rl)
   c = tiny_config(stage="pipeline", total_steps=4, ckpt_every=2)
   config_utils.set_override(c, "pipeline.stages", "('sft','rl')")
   out = train.run(c, str(tmp_path))
@@ -349,7 +353,7 @@ def test_pipeline_runs_stages_in_subdirs_and_hands_sft_to_rl(tmp_path,
                   "workdir": str(tmp_path / "rl")}
   assert os.path.isdir(tmp_path / "sft" / "checkpoints" / "4")
   # RL's init_from is a valid Orbax source for the trainer.
-  assert train.check_init_from(seen["init_from"]) == "orbax"
+  assert rundir.check_init_from(seen["init_from"]) == "orbax"
   # Rerunning skips finished stages.
   seen.clear()
   assert train.run(c, str(tmp_path)) == {}
@@ -358,11 +362,11 @@ def test_pipeline_runs_stages_in_subdirs_and_hands_sft_to_rl(tmp_path,
 
 def test_init_from_orbax_starts_from_those_weights(reference_run, tmp_path):
   c = tiny_config(total_steps=1, log_every=1, init_from=reference_run)
-  out = train.run_sft(c, str(tmp_path))
+  out = sft_lib.run_sft(c, str(tmp_path))
   scratch = losses(reference_run)[10]
   # The reference run's weights already learned something: lower loss.
   assert out["loss"] < scratch - 0.05
   # A directory that holds neither kind of checkpoint is refused clearly.
   os.makedirs(tmp_path / "empty")
   with pytest.raises(config_utils.ConfigError, match="neither an HF"):
-    train.check_init_from(str(tmp_path / "empty"))
+    rundir.check_init_from(str(tmp_path / "empty"))

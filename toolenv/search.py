@@ -186,7 +186,7 @@ class SearchIndex:
   reciprocal-rank fusion of per-clause rankings (module docstring).
   """
 
-  def __init__(self, catalog: Catalog, retriever: bm25s.BM25,
+  def __init__(self, catalog: Catalog, retriever: Any,
                vocab: dict[str, int], clause_fusion: bool = True):
     self.catalog = catalog
     self._bm25 = retriever

@@ -5,5 +5,6 @@
     kept, stats = orchestrator.Orchestrator(catalog, role_set).run(tasks)
     build.build_demonstrations(config, out_dir)                   # stage=demos
 
-`chat_roles` is imported on demand (it is not needed by the scripted path).
+Layer: may import paraact (the protocol and strategies), api_client, fileio
+and toolenv; the trainer imports it.
 """

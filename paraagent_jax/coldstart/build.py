@@ -30,27 +30,20 @@ evaluation and RL must use the same one).
 
 from __future__ import annotations
 
-import json
 import os
-import tempfile
 import time
-from typing import Any, Iterable
+from typing import Any
 
+from paraagent_jax import config_utils
+from paraagent_jax import fileio
+from paraagent_jax.api_client import ChatClient
+from paraagent_jax.coldstart import chat_roles
 import toolenv
 from paraagent_jax.coldstart import orchestrator as orch_lib
 from paraagent_jax.coldstart import roles as roles_lib
 
 CONTRACT_KEYS = ("id", "task_id", "kind", "split", "strategy", "messages", "roles",
                  "success", "turns", "calls")
-
-
-def _get(cfg, key: str, default: Any) -> Any:
-  getter = getattr(cfg, "get", None)
-  if getter is not None:
-    value = getter(key, default)
-  else:
-    value = getattr(cfg, key, default)
-  return default if value is None else value
 
 
 def imperfection_from(value: Any) -> roles_lib.Imperfection:
@@ -65,31 +58,6 @@ def imperfection_from(value: Any) -> roles_lib.Imperfection:
   return roles_lib.Imperfection(**items)
 
 
-def write_jsonl_atomic(path: str, rows: Iterable[dict]) -> int:
-  """Writes rows as JSON lines to ``path`` via a temp file and rename."""
-  d = os.path.dirname(os.path.abspath(path))
-  os.makedirs(d, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".jsonl")
-  n = 0
-  with os.fdopen(fd, "w", encoding="utf-8") as f:
-    for row in rows:
-      f.write(json.dumps(row, ensure_ascii=False) + "\n")
-      n += 1
-  os.chmod(tmp, 0o644)  # mkstemp makes 0600; readers may be other users.
-  os.replace(tmp, path)
-  return n
-
-
-def write_json_atomic(path: str, obj: Any) -> None:
-  """Writes one JSON document atomically."""
-  d = os.path.dirname(os.path.abspath(path))
-  fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".json")
-  with os.fdopen(fd, "w", encoding="utf-8") as f:
-    json.dump(obj, f, indent=1, sort_keys=True)
-  os.chmod(tmp, 0o644)
-  os.replace(tmp, path)
-
-
 def to_contract(record: dict) -> dict:
   """The demonstration line of an orchestrator record (contract keys only)."""
   row = dict(record, id=f"demo-{record['task_id']}")
@@ -98,16 +66,15 @@ def to_contract(record: dict) -> dict:
 
 def make_roles(data_cfg, catalog, seed: int) -> roles_lib.RoleSet:
   """The role backend named by ``data_cfg.backend``."""
-  backend = _get(data_cfg, "backend", "scripted")
+  data_cfg = config_utils.with_defaults(data_cfg, config_utils.demonstration_defaults())
+  backend = data_cfg.backend
   if backend == "scripted":
-    top_k = int(_get(data_cfg, "search_top_k", 0)) or None
+    top_k = int(data_cfg.search_top_k) or None
     return roles_lib.scripted_roles(catalog, imperfection_from(
-        _get(data_cfg, "imperfection", None)), seed=seed, search_top_k=top_k,
-        answer_style=str(_get(data_cfg, "answer_style", "label")))
+        data_cfg.imperfection), seed=seed, search_top_k=top_k,
+        answer_style=str(data_cfg.answer_style))
   if backend == "chat":
-    from paraagent_jax.api_client import ChatClient  # pylint: disable=g-import-not-at-top
-    from paraagent_jax.coldstart import chat_roles  # pylint: disable=g-import-not-at-top
-    chat = _get(data_cfg, "chat", {})
+    chat = data_cfg.chat
     chat = dict(chat.items()) if hasattr(chat, "items") else {}
     client = ChatClient(base_url=chat.get("base_url") or None,
                         model=chat.get("model", "gpt-4.1"))
@@ -127,30 +94,30 @@ def build_demonstrations(config, out_dir: str) -> dict:
   Returns:
     The statistics dict (also written to ``stats.json``).
   """
-  data = config.data
-  seed = int(_get(data, "seed", 0))
-  num_tasks = int(_get(data, "num_tasks", 100))
-  num_test = int(_get(data, "test_tasks", max(8, num_tasks // 10)))
-  kinds = tuple(_get(data, "kinds", ()) or toolenv.KINDS)   # () = all
+  data = config_utils.with_defaults(config.data, config_utils.demonstration_defaults())
+  seed = int(data.seed)
+  num_tasks = int(data.num_tasks)
+  num_test = int(data.test_tasks) if data.test_tasks >= 0 else max(8, num_tasks // 10)
+  kinds = tuple(data.kinds or toolenv.KINDS)   # () = all
   t0 = time.time()
-  catalog = toolenv.load_catalog(_get(data, "catalog", "procedural"), seed=seed)
+  catalog = toolenv.load_catalog(data.catalog, seed=seed)
   gen = toolenv.TaskGenerator(catalog, seed=seed)
   roles = make_roles(data, catalog, seed)
-  orch = orch_lib.Orchestrator(catalog, roles, batch_size=int(_get(data, "batch_size", 256)),
-                               verbose=True, thoughts=str(_get(data, "thoughts", "full")),
-                               obs_format=str(_get(data, "obs_format", "full")))
+  orch = orch_lib.Orchestrator(catalog, roles, batch_size=int(data.batch_size),
+                               verbose=True, thoughts=str(data.thoughts),
+                               obs_format=str(data.obs_format))
   os.makedirs(out_dir, exist_ok=True)
   stats: dict[str, Any] = {"backend": roles.name, "seed": seed}
   for split, n in (("train", num_tasks), ("test", num_test)):
     tasks = gen.generate(n, split=split, kinds=kinds)
     kept, st = orch.run(tasks)
-    write_jsonl_atomic(os.path.join(out_dir, f"tasks_{split}.jsonl"),
+    fileio.write_jsonl_atomic(os.path.join(out_dir, f"tasks_{split}.jsonl"),
                        (t.to_dict() for t in tasks))
-    write_jsonl_atomic(os.path.join(out_dir, f"demonstrations_{split}.jsonl"),
+    fileio.write_jsonl_atomic(os.path.join(out_dir, f"demonstrations_{split}.jsonl"),
                        (to_contract(r) for r in kept))
     print(f"[coldstart] split {split}: " + orch_lib.format_statistics(st), flush=True)
     stats[split] = st
   stats["build_seconds"] = round(time.time() - t0, 2)
-  write_json_atomic(os.path.join(out_dir, "stats.json"), stats)
+  fileio.write_json_atomic(os.path.join(out_dir, "stats.json"), stats)
   print(f"[coldstart] wrote {out_dir} in {stats['build_seconds']:.1f}s", flush=True)
   return stats

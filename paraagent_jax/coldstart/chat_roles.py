@@ -21,10 +21,10 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 import threading
 from typing import Any, Callable, Iterable, Sequence
 
+from paraagent_jax import fileio
 from paraagent_jax.coldstart.roles import Context, Role, RoleOutput, RoleSet, SubGoal
 from paraagent_jax.paraact import protocol
 from toolenv.schema import SEARCH_TOOLS, Call
@@ -55,10 +55,8 @@ class ResponseCache:
 
   def put(self, key: str, content: str) -> None:
     """Stores an answer (temp file + rename, safe across threads)."""
-    fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".tmp-")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-      json.dump({"content": content}, f)
-    os.replace(tmp, os.path.join(self.directory, key + ".json"))
+    fileio.write_json_atomic(os.path.join(self.directory, key + ".json"),
+                             {"content": content}, indent=None, default=None)
 
 
 class ChatBackend:

@@ -19,6 +19,7 @@ from typing import Iterable, Iterator
 
 from paraagent_jax import tokenizer as tokenizer_lib
 from paraagent_jax.paraact import protocol
+from toolenv import search
 
 
 def demonstration_texts(data_dir: str, split: str = "train") -> Iterator[str]:
@@ -59,8 +60,6 @@ def tool_doc_texts(catalog=None, max_tools: int | None = None
   yield from protocol.META_TOOLS
   if catalog is None:
     return
-  # pylint: disable=g-import-not-at-top
-  from toolenv import search
   for i, tool in enumerate(catalog):
     if max_tools is not None and i >= max_tools:
       break

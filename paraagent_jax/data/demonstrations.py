@@ -80,111 +80,40 @@ import bisect
 import os
 from typing import Any, Iterator, Mapping, Sequence
 
+import ml_collections
 import numpy as np
 
+from paraagent_jax import config_utils
 from paraagent_jax import tokenizer as tokenizer_lib
 from paraagent_jax.data import copy_stats
 from paraagent_jax.data import demo_tokenizer
 from paraagent_jax.data import tfds_builders
+# The row encoding and the length buckets (re-exported for callers).
+from paraagent_jax.data.rows import bucket_lengths, encode_demonstrations  # pylint: disable=unused-import
 
-# train.py evaluates on "validation"; the held-out demonstrations are "test".
+# The SFT stage evaluates on "validation"; the held-out demonstrations are "test".
 _SPLIT_ALIASES = {"train": "train", "validation": "test", "test": "test"}
 OVERLONG_MODES = ("drop", "truncate")
 COPY_MODES = ("pairs", "repeat", "induction")
 BUCKET_WINDOW = 32   # global batches sorted together by length
 
 
-def encode_demonstrations(encoder: tokenizer_lib.ChatEncoder, conversations
-                          ) -> list[tuple[np.ndarray, np.ndarray]]:
-  """Token ids and loss masks (1 on assistant content + ``<|im_end|>``).
-
-  Each message is encoded as `ChatEncoder` does in a rollout (a non-assistant
-  message as ``turn_ids``, an assistant one as ``generation_prompt_ids() +
-  encode(content) + end_of_turn_ids()``); all texts go to the tokenizer in one
-  batch call, which is several times faster than one call per message.
-
-  Args:
-    encoder: a `ChatEncoder`.
-    conversations: lists of dicts with ``role`` and ``content``.
-
-  Returns:
-    Per conversation (ids int32 [n], mask float32 [n]).
-  """
-  header = encoder.generation_prompt_ids()
-  eot = encoder.end_of_turn_ids()
-  end = encoder.encode(tokenizer_lib.IM_END)
-  # Learn the end-of-turn token itself; the newline after it is template.
-  n_learn = len(end) if eot[:len(end)] == end else len(eot)
-  texts = [m["content"] if m["role"] == "assistant" else
-           encoder.turn_text(m["role"], m["content"])
-           for msgs in conversations for m in msgs]
-  backend = getattr(encoder.tokenizer, "backend_tokenizer", None)
-  if backend is not None:  # the Rust tokenizer: half the wrapper's time
-    encoded = iter([e.ids for e in backend.encode_batch(
-        texts, add_special_tokens=False)])
-  else:
-    encoded = iter(encoder.tokenizer(texts, add_special_tokens=False)[
-        "input_ids"] if texts else [])
-  out = []
-  for msgs in conversations:
-    ids, mask = [], []
-    for m in msgs:
-      body = list(next(encoded))
-      if m["role"] == "assistant":
-        ids += header + body + eot
-        mask += ([0] * len(header) + [1] * (len(body) + n_learn)
-                 + [0] * (len(eot) - n_learn))
-      else:
-        ids += body
-        mask += [0] * len(body)
-    out.append((np.asarray(ids, np.int32), np.asarray(mask, np.float32)))
-  return out
-
-
-def bucket_lengths(spec: int | str | Sequence[int], seq_len: int) -> list[int]:
-  """Sorted padded lengths of ``data.length_bucket`` ([] = no buckets).
-
-  Raises:
-    ValueError: a negative or non-integer bucket.
-  """
-  if isinstance(spec, str):
-    try:
-      lengths = [int(x) for x in spec.split(",") if x.strip()]
-    except ValueError:
-      raise ValueError(f"length_bucket={spec!r}: expected an int or comma-"
-                       "separated ints") from None
-  elif isinstance(spec, (int, np.integer)):
-    if spec < 0:
-      raise ValueError(f"length_bucket={spec} must be >= 0")
-    lengths = list(range(int(spec), seq_len, int(spec))) if spec else []
-  else:
-    lengths = [int(x) for x in spec]
-  if not lengths:
-    return []
-  if min(lengths) <= 0:
-    raise ValueError(f"length_bucket={spec!r}: lengths must be > 0")
-  return sorted({x for x in lengths if x < seq_len} | {seq_len})
-
-
-def _get(cfg, key: str, default):
-  if cfg is None:
-    return default
-  value = cfg.get(key, default) if hasattr(cfg, "get") else getattr(
-      cfg, key, default)
-  return default if value is None else value
+def _data(data_config) -> ml_collections.ConfigDict:
+  """``config.data`` with the defaults of `config_utils.demonstration_defaults`."""
+  return config_utils.with_defaults(data_config, config_utils.demonstration_defaults())
 
 
 def resolve_tokenizer(data_config, data_dir: str):
   """Loads ``data.tokenizer`` (or ``<data_dir>/tokenizer``, trained if absent)."""
-  path = _get(data_config, "tokenizer", "")
+  data_config = _data(data_config)
+  path = data_config.tokenizer
   if path:
     return tokenizer_lib.load_tokenizer(path)
   path = os.path.join(data_dir, "tokenizer")
   if os.path.exists(os.path.join(path, "tokenizer.json")):
     return tokenizer_lib.load_tokenizer(path)
   return demo_tokenizer.train_demo_tokenizer(
-      data_dir, path, vocab_size=int(_get(data_config, "tokenizer_vocab_size",
-                                          4096)))
+      data_dir, path, vocab_size=int(data_config.tokenizer_vocab_size))
 
 
 class DemonstrationSFTData:
@@ -478,21 +407,22 @@ class DemonstrationSFTData:
 
 def load_demonstrations(data_config, split: str) -> list[dict[str, Any]]:
   """Decoded records of a split from TFDS, building the dataset if needed."""
-  data_dir = _get(data_config, "data_dir", "")
+  data_config = _data(data_config)
+  data_dir = data_config.data_dir
   if not data_dir:
     raise ValueError("data.data_dir is empty: set it to the directory with "
                      "demonstrations_<split>.jsonl")
   if split not in _SPLIT_ALIASES:
     raise ValueError(f"split={split!r}; choose from {sorted(_SPLIT_ALIASES)}")
-  tfds_dir = _get(data_config, "tfds_dir", "") or os.path.join(data_dir,
+  tfds_dir = data_config.tfds_dir or os.path.join(data_dir,
                                                                "tfds")
   builder = tfds_builders.build_dataset(
       "demonstrations", data_dir, tfds_dir,
-      config=_get(data_config, "catalog", "procedural"))
+      config=data_config.catalog)
   return tfds_builders.load_records(builder, _SPLIT_ALIASES[split])
 
 
-# train.py makes the validation data anew at every evaluation; tokenising
+# The SFT stage makes the validation data anew at every evaluation; tokenising
 # thousands of demonstrations each time would dominate a CPU run.
 _CACHE: dict[tuple, tuple] = {}
 
@@ -504,11 +434,12 @@ def _files_key(*paths: str) -> tuple:
 
 def _load_encoded(data_config, split: str):
   """(sorted records, tokenizer, their encodings), cached per source state."""
-  data_dir = _get(data_config, "data_dir", "")
-  tok_path = _get(data_config, "tokenizer", "") or os.path.join(
+  data_config = _data(data_config)
+  data_dir = data_config.data_dir
+  tok_path = data_config.tokenizer or os.path.join(
       data_dir or ".", "tokenizer")
-  key = (split, tok_path, _get(data_config, "tfds_dir", ""),
-         _get(data_config, "catalog", "procedural")) + _files_key(
+  key = (split, tok_path, data_config.tfds_dir,
+         data_config.catalog) + _files_key(
              *(os.path.join(data_dir or ".", f"demonstrations_{s}.jsonl")
                for s in tfds_builders.SPLITS),
              os.path.join(tok_path, "tokenizer.json"))
@@ -529,7 +460,7 @@ def _load_encoded(data_config, split: str):
 def make_sft_data(data_config, *, split: str, batch_size: int, seq_len: int,
                   seed: int, process_index: int = 0,
                   process_count: int = 1) -> DemonstrationSFTData:
-  """The source hook used by `paraagent_jax.train` (``data.source``).
+  """The source hook used by the SFT stage (`trainer.sft.make_sft_data`, ``data.source``).
 
   Args:
     data_config: ``config.data`` (keys in the module docstring).
@@ -543,24 +474,25 @@ def make_sft_data(data_config, *, split: str, batch_size: int, seq_len: int,
   Returns:
     A `DemonstrationSFTData`.
   """
+  data_config = _data(data_config)
   records, tok, encoded = _load_encoded(data_config, split)
   data = DemonstrationSFTData(
       records, tok, batch_size=batch_size, seq_len=seq_len, seed=seed,
-      split=split, overlong=str(_get(data_config, "overlong", "drop")),
+      split=split, overlong=str(data_config.overlong),
       process_index=process_index, process_count=process_count,
-      encoded=encoded, length_bucket=_get(data_config, "length_bucket", 0),
-      context_weight=(float(_get(data_config, "context_loss_weight", 0.0))
+      encoded=encoded, length_bucket=data_config.length_bucket,
+      context_weight=(float(data_config.context_loss_weight)
                       if split == "train" else 0.0),
-      copy_warmup=int(_get(data_config, "copy_warmup", 0)) if split == "train" else 0,
-      copy_len=int(_get(data_config, "copy_len", 256)),
-      copy_rows=int(_get(data_config, "copy_rows", 0)) // process_count,
-      copy_mode=str(_get(data_config, "copy_mode", "pairs")),
-      turn_warmup=int(_get(data_config, "turn_warmup", 0)) if split == "train" else 0,
-      turn_rows=int(_get(data_config, "turn_rows", 0)) // process_count,
-      turn_len=int(_get(data_config, "turn_len", 384)),
-      turn_count=int(_get(data_config, "turn_count", 1)),
-      turn_system=bool(_get(data_config, "turn_system", True)),
-      copy_every=int(_get(data_config, "copy_every", 0)) if split == "train" else 0)
+      copy_warmup=int(data_config.copy_warmup) if split == "train" else 0,
+      copy_len=int(data_config.copy_len),
+      copy_rows=int(data_config.copy_rows) // process_count,
+      copy_mode=str(data_config.copy_mode),
+      turn_warmup=int(data_config.turn_warmup) if split == "train" else 0,
+      turn_rows=int(data_config.turn_rows) // process_count,
+      turn_len=int(data_config.turn_len),
+      turn_count=int(data_config.turn_count),
+      turn_system=bool(data_config.turn_system),
+      copy_every=int(data_config.copy_every) if split == "train" else 0)
   print(f"demonstrations[{split}]: {data.num_examples} examples, "
         f"{data.num_dropped} dropped and {data.num_truncated} truncated "
         f"(over {seq_len} tokens), vocab {data.vocab_size}", flush=True)

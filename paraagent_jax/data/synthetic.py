@@ -1,6 +1,6 @@
 """A synthetic, in-memory SFT dataset, and the SFT data interface it defines.
 
-The SFT stage of `paraagent_jax.train` reads any object with this interface
+The SFT stage (`paraagent_jax.trainer.sft`) reads any object with this interface
 (the demonstrations pipeline in `paraagent_jax.data` provides the same):
 
 * iterating yields *global-batch rows of this host* as numpy dicts:
@@ -120,7 +120,7 @@ class SyntheticSFTData:
 def make_sft_data(data_config, *, split: str, batch_size: int, seq_len: int,
                   seed: int, process_index: int = 0,
                   process_count: int = 1) -> SyntheticSFTData:
-  """The source hook used by `paraagent_jax.train` (``data.source``).
+  """The source hook used by the SFT stage (`trainer.sft.make_sft_data`, ``data.source``).
 
   Args:
     data_config: ``config.data``; reads ``vocab_size``, ``min_len``,

@@ -33,6 +33,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import sys
 import shutil
 from typing import Any, Iterator
 
@@ -296,7 +297,6 @@ SOURCE_STAMP = "source_fingerprint.txt"
 
 
 def _stderr_is_tty() -> bool:
-  import sys  # pylint: disable=g-import-not-at-top
   return hasattr(sys.stderr, "isatty") and sys.stderr.isatty()
 
 

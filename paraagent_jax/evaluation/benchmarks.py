@@ -25,6 +25,7 @@ from typing import Any, Callable, Sequence
 
 from paraagent_jax.evaluation import runner
 from paraagent_jax.paraact import policies
+from toolenv.catalog import bfcl as bfcl_cat
 import toolenv
 from toolenv.benchmarks import bfcl as bfcl_bench
 from toolenv.benchmarks import fixed_env
@@ -69,7 +70,6 @@ def bfcl_entries(source: str, categories: Sequence[str] = (), limit: int = 0):
   Entries whose possible answers contradict their own docs (`bfcl.unsolvable`)
   are left out, as BFCL's checker rejects every answer to them.
   """
-  from toolenv.catalog import bfcl as bfcl_cat  # pylint: disable=g-import-not-at-top
   cats = tuple(categories) or bfcl_cat.CATEGORIES
   entries = bfcl_cat.load_entries(source or bfcl_cat.default_source(), cats)
   bad = set(bfcl_bench.unsolvable(entries))

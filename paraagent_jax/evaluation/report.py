@@ -25,6 +25,14 @@ import math
 import os
 from typing import Any, Iterable, Sequence
 
+# A Figure without pyplot: renders to files, never touches the global backend
+# (a notebook importing this keeps its inline plots).
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from paraagent_jax import fileio
+from toolenv.benchmarks import stabletoolbench
+
 # The kinds whose gold DAG has several independent calls: where parallel acting pays.
 MULTI_TOOL_KINDS = ("parallel", "fanout", "mixed")
 
@@ -190,7 +198,6 @@ def notes_for(benchmarks: Iterable[Any]) -> dict[str, str]:
   for b in benchmarks:
     fam = str(b).split("-", 1)[0]
     if fam == "stabletoolbench":
-      from toolenv.benchmarks import stabletoolbench  # pylint: disable=g-import-not-at-top
       out[fam] = stabletoolbench.NOT_COMPARABLE
     elif fam in NOTES:
       out[fam] = NOTES[fam]
@@ -350,10 +357,7 @@ def write_report(records: Sequence[dict[str, Any]], workdir: str,
   report = build_report(records)
   paths = {"json": os.path.join(workdir, f"{name}.json"),
            "markdown": os.path.join(workdir, f"{name}.md")}
-  tmp = paths["json"] + ".tmp"
-  with open(tmp, "w") as f:
-    json.dump(report, f, indent=1)
-  os.replace(tmp, paths["json"])
+  fileio.write_json_atomic(paths["json"], report, default=None)
   with open(paths["markdown"], "w") as f:
     f.write(markdown_table(report))
   if plots:
@@ -367,21 +371,15 @@ def write_plots(records: Sequence[dict[str, Any]], report: dict[str, Any],
 
   Each figure has one panel per benchmark (their kinds differ).
   """
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-
   def _save(fig, path):
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
     return path
 
   def _panels(n, width):
-    fig, axes = plt.subplots(1, n, figsize=(width * n, 4), squeeze=False)
+    fig = Figure(figsize=(width * n, 4))
+    axes = fig.subplots(1, n, squeeze=False)
     return fig, list(axes[0])
-
-  from matplotlib.ticker import MaxNLocator  # pylint: disable=g-import-not-at-top
 
   def _legend_below(ax, n):
     if ax.get_legend_handles_labels()[0]:

@@ -14,6 +14,10 @@ import os
 import time
 from typing import Any, Callable, Sequence
 
+from paraagent_jax import fileio
+from paraagent_jax.paraact import rollout
+from toolenv.benchmarks import bfcl as bench
+from toolenv.catalog import bfcl as bfcl_cat
 import toolenv
 
 
@@ -46,11 +50,7 @@ def _append(path: str, records: Sequence[dict[str, Any]]) -> None:
 
 def _rewrite(path: str, records: Sequence[dict[str, Any]]) -> None:
   """Rewrites ``path`` with only complete records (drops a torn tail)."""
-  tmp = path + ".tmp"
-  with open(tmp, "w", encoding="utf-8") as f:
-    for r in records:
-      f.write(json.dumps(r, default=str) + "\n")
-  os.replace(tmp, path)
+  fileio.write_jsonl_atomic(path, records, default=str)
 
 
 def run_tasks(policy, fmt, env, tasks: Sequence[Any], *, benchmark: str, strategy: str,
@@ -79,7 +79,6 @@ def run_tasks(policy, fmt, env, tasks: Sequence[Any], *, benchmark: str, strateg
   Returns:
     The records of ``tasks`` in task order (earlier runs' records included).
   """
-  from paraagent_jax.paraact import rollout  # pylint: disable=g-import-not-at-top
   path = records_path(workdir, benchmark, policy_name, strategy)
   done = read_records(path)
   if done:
@@ -141,8 +140,6 @@ def toolenv_tasks(catalog, *, num_per_kind: int, split: str = "test", seed: int 
 
 def run_bfcl_oracle(data_dir: str, settings=("closed", "open")) -> list[dict[str, Any]]:
   """BFCL scored by our BFCL-rule checker for the gold calls (harness check)."""
-  from toolenv.benchmarks import bfcl as bench  # pylint: disable=g-import-not-at-top
-  from toolenv.catalog import bfcl as bfcl_cat  # pylint: disable=g-import-not-at-top
   entries = bfcl_cat.load_entries(data_dir)
   bad = set(bench.unsolvable(entries))
   entries = [e for e in entries if e.id not in bad]

@@ -31,6 +31,7 @@ import safetensors.numpy as st_numpy
 
 from paraagent_jax import checksums
 from paraagent_jax import sharding as shd
+from paraagent_jax import tokenizer as tok_lib
 from paraagent_jax.models import qwen3
 
 SINGLE_FILE = "model.safetensors"
@@ -312,7 +313,6 @@ def save_hf(model: qwen3.Qwen3, out_dir: str, tokenizer=None,
   Returns:
     The safetensors file names written.
   """
-  from paraagent_jax import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
   cfg = model.config
   os.makedirs(out_dir, exist_ok=True)
   hf = cfg.to_hf_dict()

@@ -10,7 +10,7 @@ Parameters are stored in einsum layouts with named dimensions:
   N query heads, K kv heads, G = N / K, H head dim, F MLP width, V vocab, L layers.
 Every parameter carries its logical axis names in `out_sharding` metadata (eager
 sharding off: `sharding.shard_model` maps the names to a mesh through a rules
-table, with a divisibility fallback). With `scan_layers` the layer parameters are
+table; the trainer refuses axes that do not divide). With `scan_layers` the layer parameters are
 stacked along a leading "layers" axis and the stack runs under `jax.lax.scan`.
 
 The KV cache is a plain pytree `{"k", "v": [L, B, K, S, H], "lengths": [B]}`;
@@ -23,15 +23,15 @@ XLA CPU transposes the whole cache layer every step: ~4x slower decode attention
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-from typing import Any
 
 from flax import nnx
 import jax
 import jax.numpy as jnp
 
 from paraagent_jax import sharding as shd
+# The architecture config and its presets (re-exported: qwen3.Qwen3Config).
+from paraagent_jax.models.qwen3_config import Qwen3Config  # pylint: disable=unused-import
 
 # Finite "minus infinity": a query with no visible key (a left-padding position)
 # then gets a uniform softmax instead of NaN.
@@ -39,135 +39,6 @@ _MASK_VALUE = -1e30
 
 # Axis of the cache slots in `cache["k"]` / `cache["v"]` ([L, B, K, S, H]).
 CACHE_SEQ_AXIS = 3
-
-_PRESETS: dict[str, dict[str, Any]] = {
-    # Sizes from the Hugging Face config.json of the Qwen3 releases.
-    "qwen3-0.6b": dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072,
-                       num_layers=28, num_heads=16, num_kv_heads=8, head_dim=128,
-                       tie_embeddings=True),
-    "qwen3-1.7b": dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144,
-                       num_layers=28, num_heads=16, num_kv_heads=8, head_dim=128,
-                       tie_embeddings=True),
-    "qwen3-4b": dict(vocab_size=151936, hidden_size=2560, intermediate_size=9728,
-                     num_layers=36, num_heads=32, num_kv_heads=8, head_dim=128,
-                     tie_embeddings=True),
-    "qwen3-8b": dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288,
-                     num_layers=36, num_heads=32, num_kv_heads=8, head_dim=128,
-                     tie_embeddings=False),
-    "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=128,
-                 num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
-                 max_position_embeddings=2048),
-    "demo": dict(vocab_size=4096, hidden_size=256, intermediate_size=768,
-                 num_layers=4, num_heads=4, num_kv_heads=2, head_dim=64,
-                 max_position_embeddings=4096),
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class Qwen3Config:
-  """Qwen3 hyper-parameters plus our execution options (dtypes, scan, remat)."""
-  vocab_size: int
-  hidden_size: int
-  intermediate_size: int
-  num_layers: int
-  num_heads: int
-  num_kv_heads: int
-  head_dim: int
-  rope_theta: float = 1e6
-  rms_norm_eps: float = 1e-6
-  tie_embeddings: bool = True
-  max_position_embeddings: int = 40960
-  param_dtype: str = "float32"
-  dtype: str = "float32"          # compute dtype (bf16 on TPU)
-  scan_layers: bool = False
-  remat: str = "none"             # "none" | "full" | "dots"
-  # > 0: the cache-free (training) forward attends in causal query blocks of
-  # this many tokens, each over its key prefix only (exact; skips the upper
-  # triangle). 0 = one dense [T,T] score matrix. See `_attend_blocked`.
-  attention_block: int = 0
-
-  def __post_init__(self):
-    if self.num_heads % self.num_kv_heads:
-      raise ValueError(f"num_heads={self.num_heads} is not a multiple of "
-                       f"num_kv_heads={self.num_kv_heads}")
-    if self.head_dim % 2:
-      raise ValueError(f"head_dim={self.head_dim} must be even for RoPE")
-    if self.remat not in ("none", "full", "dots"):
-      raise ValueError(f"remat={self.remat!r}; expected 'none', 'full' or 'dots'")
-    if self.attention_block < 0:
-      raise ValueError(f"attention_block={self.attention_block} must be >= 0")
-
-  @classmethod
-  def preset(cls, name: str, **overrides) -> "Qwen3Config":
-    """A named size ("qwen3-0.6b", ..., "qwen3-8b", "tiny", "demo") + overrides."""
-    if name not in _PRESETS:
-      raise ValueError(f"unknown preset {name!r}; known: {sorted(_PRESETS)}")
-    return cls(**{**_PRESETS[name], **overrides})
-
-  def replace(self, **changes) -> "Qwen3Config":
-    """A copy with some fields changed."""
-    return dataclasses.replace(self, **changes)
-
-  @classmethod
-  def from_hf_dict(cls, d: dict[str, Any], **overrides) -> "Qwen3Config":
-    """Builds a config from a Hugging Face Qwen3 `config.json` dict.
-
-    Raises:
-      ValueError: the dict describes something this model does not implement
-        (another architecture, attention bias, sliding window, RoPE scaling).
-    """
-    archs = d.get("architectures") or ["Qwen3ForCausalLM"]
-    if d.get("model_type") != "qwen3" or "Qwen3ForCausalLM" not in archs:
-      raise ValueError(
-          f"unsupported architecture: model_type={d.get('model_type')!r} "
-          f"architectures={archs}; only Qwen3ForCausalLM (model_type 'qwen3')")
-    if d.get("attention_bias"):
-      raise ValueError("unsupported Qwen3 config: attention_bias=true")
-    if d.get("use_sliding_window"):
-      raise ValueError("unsupported Qwen3 config: use_sliding_window=true")
-    if d.get("hidden_act", "silu") != "silu":
-      raise ValueError(f"unsupported Qwen3 config: hidden_act={d['hidden_act']!r}")
-    rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type != "default":
-      raise ValueError(f"unsupported Qwen3 config: rope_type={rope_type!r}")
-    theta = rope.get("rope_theta", d.get("rope_theta", 1e6))
-    heads = d["num_attention_heads"]
-    fields = dict(
-        vocab_size=d["vocab_size"], hidden_size=d["hidden_size"],
-        intermediate_size=d["intermediate_size"],
-        num_layers=d["num_hidden_layers"], num_heads=heads,
-        num_kv_heads=d.get("num_key_value_heads") or heads,
-        head_dim=d.get("head_dim") or d["hidden_size"] // heads,
-        rope_theta=float(theta), rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
-        tie_embeddings=bool(d.get("tie_word_embeddings", False)),
-        max_position_embeddings=int(d.get("max_position_embeddings", 40960)))
-    fields.update(overrides)
-    return cls(**fields)
-
-  def to_hf_dict(self) -> dict[str, Any]:
-    """The Hugging Face `config.json` dict for this architecture."""
-    return {
-        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
-        "vocab_size": self.vocab_size, "hidden_size": self.hidden_size,
-        "intermediate_size": self.intermediate_size,
-        "num_hidden_layers": self.num_layers,
-        "num_attention_heads": self.num_heads,
-        "num_key_value_heads": self.num_kv_heads, "head_dim": self.head_dim,
-        "hidden_act": "silu", "max_position_embeddings": self.max_position_embeddings,
-        "rms_norm_eps": self.rms_norm_eps, "rope_theta": self.rope_theta,
-        "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta},
-        "tie_word_embeddings": self.tie_embeddings, "attention_bias": False,
-        "attention_dropout": 0.0, "use_sliding_window": False,
-        "sliding_window": None, "initializer_range": 0.02, "use_cache": True,
-        "dtype": self.param_dtype,
-    }
-
-
-# ----------------------------------------------------------------------------
-# Numerics shared by every code path.
-# ----------------------------------------------------------------------------
-
 
 def rms_norm(x, w, eps):
   """HF Qwen3RMSNorm: statistics in fp32, scale applied in the input dtype."""

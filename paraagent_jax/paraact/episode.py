@@ -5,9 +5,10 @@ template glue: not trained on) and policy tokens (what the policy wrote: trained
 on). This module keeps those streams aligned with the labels the RL loss needs
 and packs a finished batch of episodes into fixed-shape numpy arrays.
 
-Token kinds (the RL loss credits them differently):
-  PLAN=0 (phase tag and thought), ACTION=1 (the calls), ANSWER=2, CONTEXT=3.
-Phase types: EXPLORE=0, EXECUTE=1 (an answer step has no phase segment).
+Token kinds and phase types are the codes of `paraagent_jax.learner.batch`
+(the one source): KIND_PLAN (phase tag and thought), KIND_ACTION (the calls),
+KIND_ANSWER, KIND_ENV (context: prompt, observations, template glue);
+PHASE_EXPLORE, PHASE_EXECUTE (an answer step has no phase segment).
 """
 
 from __future__ import annotations
@@ -17,9 +18,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-PLAN, ACTION, ANSWER, CONTEXT = 0, 1, 2, 3
-EXPLORE, EXECUTE = 0, 1
-PHASE_CODES = {"explore": EXPLORE, "execute": EXECUTE}
+from paraagent_jax.learner.batch import KIND_ENV, PHASE_CODES, PHASE_EXPLORE
+
 
 
 @dataclasses.dataclass
@@ -58,7 +58,7 @@ class EpisodeBuffer:
     self.logprobs.extend([0.0] * n)
     self.step_id.extend([-1] * n)
     self.phase_id.extend([-1] * n)
-    self.token_kind.extend([CONTEXT] * n)
+    self.token_kind.extend([KIND_ENV] * n)
 
   def begin_step(self, phase: str | None) -> tuple[int, int]:
     """Registers a new step with its phase; returns (step index, segment index).
@@ -135,7 +135,7 @@ def pack_episodes(buffers: Sequence[EpisodeBuffer], rewards: Sequence[dict[str, 
     pad_id: token id used for padding.
 
   Returns:
-    dict of numpy arrays with the field names of `paraagent_jax.rl.batch.TrajectoryBatch`.
+    dict of numpy arrays with the field names of `paraagent_jax.learner.batch.TrajectoryBatch`.
   """
   b = len(buffers)
   out = {
@@ -144,7 +144,7 @@ def pack_episodes(buffers: Sequence[EpisodeBuffer], rewards: Sequence[dict[str, 
       "old_logprobs": np.zeros((b, max_len), np.float32),
       "step_id": np.zeros((b, max_len), np.int32),
       "phase_id": np.zeros((b, max_len), np.int32),
-      "token_kind": np.full((b, max_len), CONTEXT, np.int32),
+      "token_kind": np.full((b, max_len), KIND_ENV, np.int32),
       "attention_mask": np.zeros((b, max_len), np.int32),
       "seq_len": np.zeros((b,), np.int32),
       "step_reward": np.zeros((b, max_steps), np.float32),
@@ -177,7 +177,7 @@ def pack_episodes(buffers: Sequence[EpisodeBuffer], rewards: Sequence[dict[str, 
       if s < len(step_r) and name != "answer":
         out["step_reward"][i, s] = step_r[s]
         out["step_mask"][i, s] = 1.0
-        out["step_phase_type"][i, s] = buf.segment_types[seg] if seg >= 0 else EXPLORE
+        out["step_phase_type"][i, s] = buf.segment_types[seg] if seg >= 0 else PHASE_EXPLORE
     seg_r = segment_rewards(buf.segment_types, rew.get("phase", []))
     for p, (ptype, r) in enumerate(zip(buf.segment_types[:max_phases], seg_r)):
       out["phase_reward"][i, p] = r

@@ -28,6 +28,7 @@ import numpy as np
 
 import toolenv
 from paraagent_jax import api_client
+from paraagent_jax import sampling
 
 
 @dataclasses.dataclass
@@ -73,7 +74,6 @@ class JaxPolicy(Policy):
   def __init__(self, model, fmt, *, max_len: int, max_turn_tokens: int = 256,
                temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                min_chunk: int = 32, max_chunk: int = 512):
-    from paraagent_jax import sampling  # pylint: disable=g-import-not-at-top
     self._sampling = sampling
     self.model = model
     self.fmt = fmt

@@ -32,29 +32,20 @@ from typing import Any, Sequence
 
 from toolenv.schema import Call, Step
 
+# The tags are tokens of the vocabulary, so they are defined with it.
+from paraagent_jax.tokenizer import (ANSWER_CLOSE, ANSWER_OPEN, CALL_CLOSE, CALL_OPEN,
+                                     EXECUTE_OPEN, EXPLORE_OPEN, STEP_CLOSE)
+# Token kinds as in `TrajectoryBatch.token_kind` (env tokens are labelled by
+# the rollout, not here).
+from paraagent_jax.learner.batch import KIND_ACTION, KIND_ANSWER, KIND_PLAN
+
 EXPLORE = "explore"
 EXECUTE = "execute"
 ANSWER = "answer"
 PHASES = (EXPLORE, EXECUTE)
 
-CALL_OPEN = "<call>"
-CALL_CLOSE = "</call>"
-STEP_CLOSE = "</step>"
-ANSWER_OPEN = "<answer>"
-ANSWER_CLOSE = "</answer>"
-PHASE_OPEN = {EXPLORE: "<explore>", EXECUTE: "<execute>"}
+PHASE_OPEN = {EXPLORE: EXPLORE_OPEN, EXECUTE: EXECUTE_OPEN}
 
-# Tags that the demo tokenizer makes single special tokens.
-PROTOCOL_TOKENS = (
-    PHASE_OPEN[EXPLORE], PHASE_OPEN[EXECUTE], CALL_OPEN, CALL_CLOSE,
-    STEP_CLOSE, ANSWER_OPEN, ANSWER_CLOSE,
-)
-# The sampler stops a turn on any of these (the chat template then closes it).
-STOP_STRINGS = (STEP_CLOSE, ANSWER_CLOSE)
-
-# Token kinds, as in `TrajectoryBatch.token_kind` (env tokens are labelled by
-# the rollout, not here).
-PLAN, ACTION, ANSWER_KIND = 0, 1, 2
 
 META_TOOLS = (
     "search_tools(query: str, top_k: int = 5): the best matching tools, each "
@@ -214,12 +205,12 @@ def classify_spans(text: str) -> list[tuple[int, int, int]]:
     return []
   m = _OPEN_RE.search(text)
   if m is not None and m.group(1) == ANSWER:
-    return [(0, n, ANSWER_KIND)]
+    return [(0, n, KIND_ANSWER)]
   first = text.find(CALL_OPEN)
   if first < 0:
-    return [(0, n, PLAN)]
-  spans = [(0, first, PLAN)] if first > 0 else []
-  return spans + [(first, n, ACTION)]
+    return [(0, n, KIND_PLAN)]
+  spans = [(0, first, KIND_PLAN)] if first > 0 else []
+  return spans + [(first, n, KIND_ACTION)]
 
 
 def token_kinds(offsets: Sequence[tuple[int, int]],
@@ -239,7 +230,7 @@ def token_kinds(offsets: Sequence[tuple[int, int]],
     One kind per token.
   """
   if not spans:
-    return [PLAN] * len(offsets)
+    return [KIND_PLAN] * len(offsets)
   starts = [s for s, _, _ in spans]
   kinds = []
   for start, _ in offsets:

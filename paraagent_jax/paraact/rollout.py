@@ -27,9 +27,11 @@ import dataclasses
 import time
 from typing import Any, Sequence
 
+import jax.numpy as jnp
 import numpy as np
 
 import toolenv
+from paraagent_jax.learner import batch as batch_lib
 from paraagent_jax.paraact import episode as ep
 from paraagent_jax.paraact import policies as pol
 
@@ -62,9 +64,7 @@ class RolloutResult:
   policy_stats: dict[str, float]
 
   def trajectory_batch(self):
-    """The arrays as a `paraagent_jax.rl.batch.TrajectoryBatch` (jnp arrays)."""
-    from paraagent_jax.rl import batch as batch_lib  # pylint: disable=g-import-not-at-top
-    import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+    """The arrays as a `paraagent_jax.learner.batch.TrajectoryBatch` (jnp arrays)."""
     return batch_lib.TrajectoryBatch(**{k: jnp.asarray(v) for k, v in self.arrays.items()})
 
 
@@ -115,7 +115,7 @@ def _episode_record(task, buf: ep.EpisodeBuffer, steps: list[toolenv.Step],
       "phase_reward_mean": float(np.mean(phase_r)) if phase_r else 0.0,
       "traj_reward": float(rewards.get("trajectory", 0.0)),
       "answer": next((s.answer for s in reversed(steps) if s.phase == "answer"), None),
-      "plan_tokens": int(np.sum(mask & (kinds == ep.PLAN))),
+      "plan_tokens": int(np.sum(mask & (kinds == batch_lib.KIND_PLAN))),
       # What the policy read and wrote, turn by turn: {"role": "task" |
       # "assistant" | "observation", "text": ...}.
       "transcript": list(transcript or []),

@@ -1,14 +1,14 @@
 """The RL batch: one fixed-shape pytree per group of rollouts, and its helpers.
 
 A rollout (``paraact.rollout``) produces a `TrajectoryBatch`; the GRPO loss
-(`paraagent_jax.rl.grpo`) consumes it. Every array has a static shape so that
+(`paraagent_jax.learner.grpo`) consumes it. Every array has a static shape so that
 the train step compiles once per bucket.
 
 Log-probability convention (important, shared by the sampler and the loss):
 ``old_logprobs[b, t]`` and ``ref_logprobs[b, t]`` are
 ``log p(tokens[b, t] | tokens[b, :t])``, i.e. the logit at position ``t - 1``
 predicts token ``t``. Position 0 has no prediction and must have
-``loss_mask == 0``. `paraagent_jax.rl.grpo.logprobs_from_logits` implements
+``loss_mask == 0``. `paraagent_jax.learner.grpo.logprobs_from_logits` implements
 the same shift.
 
 Shapes: ``B`` episodes, ``T`` tokens, ``S`` steps and ``P`` phase segments per
@@ -33,10 +33,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from paraagent_jax.rl import advantages as adv_lib
+from paraagent_jax.learner import advantages as adv_lib
 
+# The integer codes of the batch, defined here only (the rollout, the protocol
+# and the loss import them). Token kinds: how the loss credits a token.
 KIND_PLAN, KIND_ACTION, KIND_ANSWER, KIND_ENV = 0, 1, 2, 3
+# Phase types of a step / phase segment.
 PHASE_EXPLORE, PHASE_EXECUTE = 0, 1
+PHASE_CODES = {"explore": PHASE_EXPLORE, "execute": PHASE_EXECUTE}
 
 
 @flax.struct.dataclass(kw_only=True)

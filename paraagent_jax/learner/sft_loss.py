@@ -1,6 +1,6 @@
 """Supervised fine-tuning: masked next-token cross-entropy and its train step.
 
-The SFT stage and the RL stage share `paraagent_jax.rl.train_step` (the
+The SFT stage and the RL stage share `paraagent_jax.learner.step` (the
 optimizer, shardings, donation and micro-batching); only the loss differs.
 Same log-prob convention as the RL batch: the logit at t - 1 predicts token
 t, so ``loss_mask[:, 0]`` is ignored.
@@ -18,8 +18,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from paraagent_jax.rl import grpo
-from paraagent_jax.rl import train_step as ts
+from paraagent_jax.learner import grpo
+from paraagent_jax.learner import step as ts
 
 SFT_FIELDS = ("tokens", "loss_mask", "attention_mask")
 
@@ -88,7 +88,7 @@ def make_sft_train_step(model_graphdef,
                         batch_axes: Sequence[str] = ts.DEFAULT_BATCH_AXES):
   """Jitted, sharded SFT step ``(state, opt_state, batch, rng)``.
 
-  Same machinery as `paraagent_jax.rl.grpo.make_train_step`: metrics are
+  Same machinery as `paraagent_jax.learner.grpo.make_train_step`: metrics are
   ``loss`` (token-mean NLL), ``num_tokens``, ``grad_norm``.
   """
   step = ts.build_train_step(model_graphdef, optimizer, SFT_LOSS_FNS, mesh,

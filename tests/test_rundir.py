@@ -1,4 +1,4 @@
-"""One run per workdir: `paraagent_jax.workdir_lock` and ``train``'s use of it."""
+"""One run per workdir: `paraagent_jax.rundir`'s lock and ``train``'s use of it."""
 
 import json
 import os
@@ -8,14 +8,14 @@ import sys
 
 import pytest
 
-from paraagent_jax import workdir_lock
+from paraagent_jax import rundir
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def write_lock(workdir, pid, host=None):
   os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, workdir_lock.LOCK_FILE), "w") as f:
+  with open(os.path.join(workdir, rundir.LOCK_FILE), "w") as f:
     json.dump({"pid": pid, "host": host or socket.gethostname(),
                "since": "2026-01-01 00:00:00", "argv": "python -m x"}, f)
 
@@ -30,11 +30,11 @@ def live_pid():
 
 def test_held_writes_owner_and_removes_on_exit(tmp_path):
   wd = str(tmp_path / "run")
-  with workdir_lock.held(wd) as path:
+  with rundir.held(wd) as path:
     with open(path) as f:
       owner = json.load(f)
     assert owner["pid"] == os.getpid() and owner["host"] == socket.gethostname()
-    assert workdir_lock.acquire(wd) == ""   # this process already holds it
+    assert rundir.acquire(wd) == ""   # this process already holds it
     assert os.path.exists(path)
   assert not os.path.exists(path)
 
@@ -42,17 +42,17 @@ def test_held_writes_owner_and_removes_on_exit(tmp_path):
 def test_released_on_error(tmp_path):
   wd = str(tmp_path)
   with pytest.raises(RuntimeError):
-    with workdir_lock.held(wd):
+    with rundir.held(wd):
       raise RuntimeError("boom")
-  assert not os.path.exists(os.path.join(wd, workdir_lock.LOCK_FILE))
+  assert not os.path.exists(os.path.join(wd, rundir.LOCK_FILE))
 
 
 def test_live_owner_refuses(tmp_path, live_pid):
   write_lock(str(tmp_path), live_pid)
-  with pytest.raises(workdir_lock.WorkdirLocked, match=f"in use by pid {live_pid}"):
-    workdir_lock.acquire(str(tmp_path))
+  with pytest.raises(rundir.WorkdirLocked, match=f"in use by pid {live_pid}"):
+    rundir.acquire(str(tmp_path))
   # The other run's lock is left alone.
-  with open(tmp_path / workdir_lock.LOCK_FILE) as f:
+  with open(tmp_path / rundir.LOCK_FILE) as f:
     assert json.load(f)["pid"] == live_pid
 
 
@@ -60,28 +60,28 @@ def test_stale_and_garbage_locks_are_taken_over(tmp_path, capsys):
   proc = subprocess.Popen([sys.executable, "-c", "pass"])
   proc.wait()
   write_lock(str(tmp_path), proc.pid)       # that pid is gone
-  path = workdir_lock.acquire(str(tmp_path))
+  path = rundir.acquire(str(tmp_path))
   assert "stale lock" in capsys.readouterr().err
   with open(path) as f:
     assert json.load(f)["pid"] == os.getpid()
-  workdir_lock.release(path)
+  rundir.release(path)
   with open(path, "w") as f:
     f.write("{half a lock")
-  assert workdir_lock.acquire(str(tmp_path)) == path
+  assert rundir.acquire(str(tmp_path)) == path
 
 
 def test_other_host_names_the_file(tmp_path):
   write_lock(str(tmp_path), 1, host="some-other-vm")
-  with pytest.raises(workdir_lock.WorkdirLocked, match="delete .*\\.lock"):
-    workdir_lock.acquire(str(tmp_path))
+  with pytest.raises(rundir.WorkdirLocked, match="delete .*\\.lock"):
+    rundir.acquire(str(tmp_path))
 
 
 def test_disabled(tmp_path, live_pid, monkeypatch):
   write_lock(str(tmp_path), live_pid)
-  with workdir_lock.held(str(tmp_path), enabled=False) as path:
+  with rundir.held(str(tmp_path), enabled=False) as path:
     assert path is None
   monkeypatch.setenv("PARAAGENT_NO_LOCK", "1")
-  with workdir_lock.held(str(tmp_path)) as path:
+  with rundir.held(str(tmp_path)) as path:
     assert path is None
 
 
@@ -99,7 +99,7 @@ def test_train_on_a_locked_workdir_stops_with_one_line(tmp_path, live_pid):
   assert f"in use by pid {live_pid}" in lines[0]
   assert lines[0].startswith("paraagent_jax.train: error:")
   # Nothing was written beside the lock.
-  assert sorted(os.listdir(wd)) == [workdir_lock.LOCK_FILE]
+  assert sorted(os.listdir(wd)) == [rundir.LOCK_FILE]
 
 
 def test_train_with_a_workdir_under_a_file_stops_with_one_line(tmp_path):

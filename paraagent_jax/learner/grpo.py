@@ -20,9 +20,9 @@ so accumulation is exact):
 * ``seq_mean_token_sum_norm``: each episode's token sum divided by T, then
   the mean over episodes (Dr. GRPO).
 
-``A`` comes from `paraagent_jax.rl.advantages.compute_advantages`; with
+``A`` comes from `paraagent_jax.learner.advantages.compute_advantages`; with
 ``levels=("traj",)`` this is plain GRPO. Log-probs follow the convention of
-`paraagent_jax.rl.batch`: the logit at t - 1 predicts token t.
+`paraagent_jax.learner.batch`: the logit at t - 1 predicts token t.
 """
 
 from __future__ import annotations
@@ -34,9 +34,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from paraagent_jax.rl import advantages as adv_lib
-from paraagent_jax.rl import batch as batch_lib
-from paraagent_jax.rl import train_step as ts
+from paraagent_jax.learner import advantages as adv_lib
+from paraagent_jax.learner import batch as batch_lib
+from paraagent_jax.learner import optimizer as optim
+from paraagent_jax import config_utils
+from paraagent_jax.learner import step as ts
 
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 
@@ -256,7 +258,7 @@ def grpo_loss(model, batch: batch_lib.TrajectoryBatch,
   Returns:
     (loss scalar, metrics dict).
   """
-  cfg = ts.config_from_mapping(GRPOConfig, config)
+  cfg = config_utils.config_from_mapping(GRPOConfig, config)
   inputs, metrics = prepare(batch, cfg)
   loss, sums = micro_loss(model, inputs, ref_model, cfg)
   out = finalize(sums, metrics)
@@ -265,7 +267,7 @@ def grpo_loss(model, batch: batch_lib.TrajectoryBatch,
 
 
 def grpo_loss_fns(config: GRPOConfig) -> ts.LossFns:
-  """The GRPO loss in the `train_step.LossFns` form."""
+  """The GRPO loss in the `learner.step.LossFns` form."""
   return ts.LossFns(
       prepare=lambda batch: prepare(batch, config),
       micro_loss=lambda model, mb, ref: micro_loss(model, mb, ref, config),
@@ -281,7 +283,7 @@ def make_train_step(model_graphdef, optimizer: optax.GradientTransformation,
 
   ``lengths`` (token lengths, e.g. ``(1024, 1536, 2048)``): micro-batches of
   rows sorted by length, each padded to its own length
-  (`train_step.build_sorted_train_step`), instead of one scan over rows of
+  (`learner.step.build_sorted_train_step`), instead of one scan over rows of
   the batch's full length. Same update.
 
   Usage::
@@ -298,7 +300,7 @@ def make_train_step(model_graphdef, optimizer: optax.GradientTransformation,
   Returns:
     ``step_fn(state, opt_state, batch, rng, ref_state=None)``.
   """
-  cfg = ts.config_from_mapping(GRPOConfig, config)
+  cfg = config_utils.config_from_mapping(GRPOConfig, config)
   if lengths:
     return ts.build_sorted_train_step(
         model_graphdef, optimizer, grpo_loss_fns(cfg), mesh,
@@ -317,13 +319,13 @@ def make_eval_step(model_graphdef, config, mesh: jax.sharding.Mesh, *,
   A reference model is not available here: use ``beta == 0`` or a batch
   with ``ref_logprobs``.
   """
-  cfg = ts.config_from_mapping(GRPOConfig, config)
+  cfg = config_utils.config_from_mapping(GRPOConfig, config)
   return ts.build_eval_step(model_graphdef, grpo_loss_fns(cfg), mesh,
                             batch_axes=batch_axes)
 
 
 # The optimizer and placement helpers, re-exported for the trainer.
-make_optimizer = ts.make_optimizer
-make_schedule = ts.make_schedule
+make_optimizer = optim.make_optimizer
+make_schedule = optim.make_schedule
 shard_train_state = ts.shard_train_state
-OptimizerConfig = ts.OptimizerConfig
+OptimizerConfig = optim.OptimizerConfig

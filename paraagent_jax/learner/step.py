@@ -1,7 +1,7 @@
-"""Shared train-step machinery: Optax optimizer, shardings, micro-batching.
+"""The jitted train step shared by SFT and GRPO: shardings, micro-batching, update.
 
-Both the SFT cross-entropy step (`paraagent_jax.rl.sft_loss`) and the GRPO
-step (`paraagent_jax.rl.grpo`) are built here, so they differ only in their
+Both the SFT cross-entropy step (`paraagent_jax.learner.sft_loss`) and the GRPO
+step (`paraagent_jax.learner.grpo`) are built here, so they differ only in their
 loss. A loss is given as a `LossFns` triple:
 
 * ``prepare(batch) -> (inputs, metrics)`` runs once on the *whole* batch,
@@ -22,7 +22,6 @@ works. Only `nnx.Param` leaves are trained; other variables pass through.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 from flax import nnx
@@ -33,110 +32,10 @@ from jax.sharding import PartitionSpec as P
 import numpy as np
 import optax
 
-from paraagent_jax.rl import batch as batch_lib
-
-try:
-  from paraagent_jax import sharding as shd
-except ImportError:  # Only while the sharding module has not landed.
-  shd = None
+from paraagent_jax import sharding as shd
+from paraagent_jax.learner import batch as batch_lib
 
 DEFAULT_BATCH_AXES = ("data", "fsdp")
-SCHEDULES = ("cosine", "linear", "constant", "wsd")
-
-
-@dataclasses.dataclass(frozen=True)
-class OptimizerConfig:
-  """AdamW with warmup, a decay schedule and global-norm clipping.
-
-  Attributes:
-    learning_rate: peak learning rate.
-    warmup_steps: linear warmup from 0 to the peak.
-    total_steps: length of the schedule (warmup included).
-    schedule: "cosine", "linear" or "constant" after the warmup, or "wsd"
-      (warmup-stable-decay: constant at the peak, then a linear decay to
-      ``end_lr_ratio`` over the last ``decay_steps``). Under "constant" and
-      "wsd" the first steps do not depend on ``total_steps``, so a longer
-      run continues a shorter one exactly (up to its decay).
-    end_lr_ratio: final learning rate as a fraction of the peak.
-    decay_steps: "wsd" only: length of the final decay (0 = the last 20%).
-    weight_decay: decoupled weight decay (not applied to vectors: norms,
-      biases).
-    b1: Adam beta1.
-    b2: Adam beta2.
-    adam_eps: Adam epsilon.
-    max_grad_norm: global-norm clip (<= 0 disables it).
-  """
-
-  learning_rate: float = 1e-5
-  warmup_steps: int = 10
-  total_steps: int = 1000
-  schedule: str = "cosine"
-  end_lr_ratio: float = 0.1
-  decay_steps: int = 0
-  weight_decay: float = 0.0
-  b1: float = 0.9
-  b2: float = 0.999
-  adam_eps: float = 1e-8
-  max_grad_norm: float = 1.0
-
-
-def config_from_mapping(cls, values: Mapping[str, Any] | None):
-  """Builds a frozen config dataclass from a mapping, rejecting unknown keys.
-
-  Accepts a dict or an ml_collections ConfigDict (anything with ``items``).
-  """
-  if values is None:
-    return cls()
-  if isinstance(values, cls):
-    return values
-  names = {f.name for f in dataclasses.fields(cls)}
-  items = dict(values.items())
-  unknown = set(items) - names
-  if unknown:
-    raise ValueError(f"unknown {cls.__name__} keys {sorted(unknown)}; "
-                     f"known: {sorted(names)}")
-  return cls(**{k: tuple(v) if isinstance(v, list) else v
-                for k, v in items.items()})
-
-
-def make_schedule(config: OptimizerConfig) -> optax.Schedule:
-  """Warmup then cosine / linear decay / constant / stable-then-decay schedule."""
-  cfg = config_from_mapping(OptimizerConfig, config)
-  if cfg.schedule not in SCHEDULES:
-    raise ValueError(f"schedule={cfg.schedule!r}; choose from {SCHEDULES}")
-  peak, warm = cfg.learning_rate, max(int(cfg.warmup_steps), 0)
-  decay = max(int(cfg.total_steps) - warm, 1)
-  end = peak * cfg.end_lr_ratio
-  if cfg.schedule == "cosine":
-    after = optax.cosine_decay_schedule(peak, decay, alpha=cfg.end_lr_ratio)
-  elif cfg.schedule == "linear":
-    after = optax.linear_schedule(peak, end, decay)
-  elif cfg.schedule == "wsd":
-    tail = int(cfg.decay_steps) if cfg.decay_steps > 0 else max(decay // 5, 1)
-    tail = min(tail, decay)
-    after = optax.join_schedules(
-        [optax.constant_schedule(peak), optax.linear_schedule(peak, end, tail)],
-        [decay - tail])
-  else:
-    after = optax.constant_schedule(peak)
-  if warm == 0:
-    return after
-  return optax.join_schedules(
-      [optax.linear_schedule(0.0, peak, warm), after], [warm])
-
-
-def make_optimizer(config: OptimizerConfig | Mapping[str, Any] | None = None
-                   ) -> optax.GradientTransformation:
-  """AdamW + warmup schedule + global-norm clipping (clip applied first)."""
-  cfg = config_from_mapping(OptimizerConfig, config)
-  # Decay matrices only: decaying norm scales towards 0 hurts small models.
-  decay_mask = lambda params: jax.tree.map(lambda x: x.ndim >= 2, params)
-  adamw = optax.adamw(make_schedule(cfg), b1=cfg.b1, b2=cfg.b2,
-                      eps=cfg.adam_eps, weight_decay=cfg.weight_decay,
-                      mask=decay_mask)
-  if cfg.max_grad_norm and cfg.max_grad_norm > 0:
-    return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), adamw)
-  return adamw
 
 
 def split_params(state: nnx.State) -> tuple[nnx.State, nnx.State]:
@@ -144,51 +43,10 @@ def split_params(state: nnx.State) -> tuple[nnx.State, nnx.State]:
   return nnx.split_state(state, nnx.Param, ...)
 
 
-def _resolve_axis(name, rules: Mapping[str, Any] | None, mesh_axes):
-  """Maps one logical/mesh axis name to mesh axes present in the mesh."""
-  if name is None:
-    return None
-  names = name if isinstance(name, tuple) else (name,)
-  out = []
-  for n in names:
-    target = rules.get(n, n) if rules else n
-    targets = target if isinstance(target, tuple) else (target,)
-    out.extend(t for t in targets if t is not None and t in mesh_axes)
-  return tuple(out) if len(out) > 1 else (out[0] if out else None)
-
-
-def state_sharding(state: nnx.State, mesh: jax.sharding.Mesh,
-                   rules: Mapping[str, Any] | None = None):
-  """NamedShardings from the logical axis names of an NNX state's variables.
-
-  Delegates to `paraagent_jax.sharding.param_shardings` (its rules table,
-  ``rules=None`` meaning its defaults, with the divisibility fallback). Only
-  if that module is missing: names are mapped through ``rules`` (logical name
-  -> mesh axis or tuple of axes) or taken as mesh axes, and dropped if they
-  name no mesh axis or do not divide the dimension. Unannotated variables are
-  replicated.
-  """
-  if shd is not None:
-    return shd.param_shardings(state, mesh, rules)
-  rules = dict(rules) if rules else None
-  specs = nnx.get_partition_spec(state)
-  sizes = dict(zip(mesh.axis_names, mesh.devices.shape))
-
-  def to_sharding(spec, value):
-    if not isinstance(spec, P):
-      return NamedSharding(mesh, P())
-    dims = []
-    for dim, name in zip(value.shape, tuple(spec)):
-      axes = _resolve_axis(name, rules, sizes)
-      group = axes if isinstance(axes, tuple) else ((axes,) if axes else ())
-      size = 1
-      for a in group:
-        size *= sizes[a]
-      dims.append(axes if axes and dim % size == 0 else None)
-    return NamedSharding(mesh, P(*dims))
-
-  return jax.tree.map(to_sharding, specs, state,
-                      is_leaf=lambda x: isinstance(x, P) or x is None)
+def state_sharding(state: nnx.State, mesh: jax.sharding.Mesh, rules=None):
+  """NamedShardings from the logical axis names of an NNX state's variables
+  (`paraagent_jax.sharding.param_shardings`; ``rules=None``: the defaults)."""
+  return shd.param_shardings(state, mesh, rules)
 
 
 def opt_state_sharding(optimizer: optax.GradientTransformation, params,

@@ -1,0 +1,132 @@
+"""The command-line layer the entry points share: ``--config``, ``--workdir``, errors.
+
+absl has one flag namespace per process, and the entry points
+(``train``, ``evaluate``, ``export_hf``) may be imported together (tests, a
+notebook), so the flags they share are defined here, once.
+
+``--config`` is an `ml_collections.config_flags` config file flag, the way
+big_vision takes its configs::
+
+  --config=configs/demo.py                      # get_config(None)
+  --config=configs/demo.py:runlocal             # get_config("runlocal")
+  --config=configs/demo.py:rl.iterations=4      # arg text, then typed overrides
+  --config=configs/demo.py --config.rl.iterations=4 --config.rl.grpo.levels=traj
+
+The text after the colon is passed to ``get_config`` and then applied as
+``key=value`` overrides by `config_utils.load_config` (typed by the default,
+unknown keys named with their closest matches); ``--config.KEY=VALUE`` flags
+are applied by config_flags after that. Both forms refuse a key the config
+does not have, with the same one-line message. A config that cannot be
+loaded is reported by the entry point (`config_value`) as
+``<prog>: error: ...`` on one line, exit code 1, like every other bad input.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from typing import Any, NoReturn
+
+from absl import flags
+import ml_collections
+from ml_collections import config_flags
+from ml_collections.config_flags import config_flags as config_flags_lib
+
+from paraagent_jax import config_utils
+
+
+# Errors met while absl parsed ``--config`` (reported by `config_value` in the
+# entry point's one-line format instead of a traceback from inside absl).
+_ERRORS: list[config_utils.ConfigError] = []
+
+
+def _placeholder(config: ml_collections.ConfigDict, key: str) -> None:
+  """Adds ``key`` (dotted) as a string leaf if missing, so config_flags can
+  apply its override to a config that is only reported, never used."""
+  node = config
+  parts = key.split(".")
+  for part in parts[:-1]:
+    if part not in node:
+      node[part] = ml_collections.ConfigDict()
+    node = node[part]
+    if not isinstance(node, ml_collections.ConfigDict):
+      return
+  if parts[-1] not in node:
+    node[parts[-1]] = ""
+
+
+def _override_keys(argv, name: str) -> list[str]:
+  """The KEYs of ``--name.KEY=...`` arguments (as config_flags finds them)."""
+  keys = []
+  for arg in argv:
+    m = re.match(rf"-{{1,2}}(?:no)?{re.escape(name)}\.([^=]+)", arg)
+    if m:
+      keys.append(m.group(1))
+  return keys
+
+
+def check_keys(config: ml_collections.ConfigDict, keys) -> None:
+  """Raises `ConfigError` (naming the closest keys) for a key ``config`` lacks."""
+  for key in keys:
+    node = config
+    for part in key.split("."):
+      if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+        raise config_utils.unknown_key(key, config)
+      node = node[part]
+
+
+class _ConfigFileParser(config_flags_lib.ConfigFileFlagParser):
+  """Loads ``FILE[:arg]`` with `config_utils.load_config` (typed overrides,
+  one-line errors) instead of config_flags' own loader."""
+
+  def parse(self, path):
+    if not isinstance(path, str):   # absl passes the default through
+      return path
+    keys = _override_keys(sys.argv, self.name)
+    config = ml_collections.ConfigDict()
+    try:
+      config = config_utils.load_config(path)
+      check_keys(config, keys)
+    except config_utils.ConfigError as e:
+      _ERRORS.append(e)
+      for key in keys:
+        _placeholder(config, key)
+    return config
+
+
+def _define_config_flag() -> flags.FlagHolder:
+  flag = flags.FLAGS["config"] if "config" in flags.FLAGS else None
+  if flag is not None:
+    return flags.FlagHolder(flags.FLAGS, flag)
+  holder = config_flags.DEFINE_config_file(
+      "config", None, "Config file and its arguments: configs/X.py[:arg]; then "
+      "--config.KEY=VALUE overrides.", lock_config=False)
+  flags.FLAGS["config"].parser = _ConfigFileParser("config", lock_config=False)
+  return holder
+
+
+CONFIG = _define_config_flag()
+WORKDIR = (flags.FlagHolder(flags.FLAGS, flags.FLAGS["workdir"]) if "workdir" in flags.FLAGS
+           else flags.DEFINE_string("workdir", None, "Run directory (checkpoints, "
+                                    "metrics); rerun the same command to resume."))
+
+
+def config_value(prog: str, default: str | None = None) -> ml_collections.ConfigDict:
+  """The parsed ``--config`` (or ``default`` loaded), or a one-line exit."""
+  if _ERRORS:
+    fail(prog, str(_ERRORS[0]))
+  value: Any = CONFIG.value
+  if value is None and default:
+    try:
+      value = config_utils.load_config(default)
+    except config_utils.ConfigError as e:
+      fail(prog, str(e))
+  if value is None:
+    fail(prog, "--config is required")
+  return value
+
+
+def fail(prog: str, message: str) -> NoReturn:
+  """Exits with ``<prog>: error: <message on one line>`` and status 1."""
+  sys.stdout.flush()
+  sys.exit(f"{prog}: error: {' '.join(str(message).split())}")

@@ -1,0 +1,184 @@
+"""An evaluation suite: policies x strategies x benchmarks -> records -> report.
+
+`run(config, workdir, checkpoint)` is what ``python -m paraagent_jax.evaluate``
+runs (see that module for the command line): it builds the policy
+(``checkpoint``: a trained model; ``oracle``: the scripted upper bound through
+the text protocol; ``api``: an OpenAI-compatible endpoint), runs every
+(strategy, benchmark) of the config through `evaluation.runner` /
+`evaluation.benchmarks` (per-task records appended as they finish, so a killed
+evaluation resumes) and writes ``report.md``, ``report.json`` and the PNG
+plots (`evaluation.report`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import toolenv
+from paraagent_jax import api_client
+from paraagent_jax import checkpoint as ckpt_lib
+from paraagent_jax import config_utils
+from paraagent_jax import rundir
+from paraagent_jax import tokenizer as tok_lib
+from paraagent_jax.evaluation import benchmarks as bench_lib
+from paraagent_jax.evaluation import greedy
+from paraagent_jax.evaluation import report as report_lib
+from paraagent_jax.evaluation import runner
+from paraagent_jax.paraact import chat_format, policies
+from paraagent_jax.paraact import strategies as strategy_lib
+
+
+_TEXT_TOKENIZER: list = []
+
+
+def text_policy_tokenizer(workdir: str = ""):
+  """A BPE for text-level policies (oracle, API), which bring no tokenizer.
+
+  Their token counts only set budgets (max_len) and the tokens reported, so
+  it is trained on what episodes contain: the strategies' system prompts and
+  scripted episodes of ToolEnv train tasks (never the test split). Saved in
+  ``workdir/text_tokenizer`` so a resumed evaluation counts the same tokens.
+  """
+  out = os.path.join(workdir, "text_tokenizer") if workdir else None
+  if out and os.path.exists(os.path.join(out, "tokenizer.json")):
+    return tok_lib.load_tokenizer(out)
+  if _TEXT_TOKENIZER:
+    # Same texts give the same BPE: reuse this process's (tests, several runs).
+    tok = _TEXT_TOKENIZER[0]
+    if out:
+      tok.save_pretrained(out)
+    return tok
+  texts = [strategy_lib.get_strategy(s).system_prompt() for s in strategy_lib.STRATEGY_NAMES]
+  gen = toolenv.TaskGenerator(toolenv.load_catalog("procedural", seed=0), seed=1)
+  for t in gen.generate(100, split="train"):
+    texts.append(t.instruction)
+    for s in ("paraact", "react"):
+      texts += [strategy_lib.get_strategy(s).render_step(x) for x in toolenv.oracle.solve(t, s)]
+  tok = tok_lib.train_bpe_tokenizer(texts, vocab_size=2048, out_dir=out)
+  _TEXT_TOKENIZER.append(tok)
+  return tok
+
+
+def policy_tokenizer(config, checkpoint: str, workdir: str = ""):
+  """The policy's tokenizer: config, checkpoint dir, or a small BPE for the oracle."""
+  cands = [config.tokenizer]
+  if checkpoint:
+    cands += [checkpoint, os.path.join(checkpoint, "tokenizer")]
+    if os.path.isfile(os.path.join(checkpoint, rundir.CONFIG_FILE)):
+      try:   # a training workdir: its run's tokenizer
+        cands.append(rundir.tokenizer_dir(rundir.load_run_config(checkpoint)))
+      except config_utils.ConfigError:
+        pass
+  for c in cands:
+    if c and os.path.exists(os.path.join(c, "tokenizer.json")):
+      return tok_lib.load_tokenizer(c)
+  if config.policy in ("oracle", "api"):
+    return text_policy_tokenizer(workdir)
+  raise config_utils.ConfigError("no tokenizer found: set tokenizer=PATH (a directory "
+                                 "with tokenizer.json)")
+
+
+def run(config, workdir: str, checkpoint: str = "", transcripts: int = 0) -> dict:
+  """Runs every (strategy, benchmark) of ``config``; writes and returns the report."""
+  if checkpoint:
+    config.policy = "checkpoint"
+  if config.policy not in ("oracle", "checkpoint", "api"):
+    raise config_utils.ConfigError(f"policy={config.policy!r}; expected oracle, "
+                                   "checkpoint or api")
+  if config.policy == "checkpoint" and not checkpoint:
+    raise config_utils.ConfigError("policy=checkpoint needs --checkpoint=DIR")
+  if checkpoint and not os.path.exists(checkpoint):
+    raise config_utils.ConfigError(f"--checkpoint={checkpoint}: no such directory")
+  if checkpoint:
+    hint = ckpt_lib.pipeline_hint(checkpoint)
+    if hint:
+      raise config_utils.ConfigError(f"--checkpoint={checkpoint}: {hint}")
+  known = ("toolenv", "bfcl", "stabletoolbench")
+  for bench in [b for b in config.benchmarks.split(",") if b]:
+    if bench not in known:
+      raise config_utils.ConfigError(f"benchmarks: unknown {bench!r}; expected one of "
+                                     f"{', '.join(known)}")
+  os.makedirs(workdir, exist_ok=True)
+  tok = policy_tokenizer(config, checkpoint, workdir)
+  model = rundir.load_model(checkpoint, len(tok))[0] if checkpoint else None
+  name = config.policy_name or (os.path.basename(os.path.normpath(checkpoint))
+                                if checkpoint else config.policy)
+  rcfg = greedy.rollout_config(config.rollout)
+  if config.policy in ("oracle", "api"):
+    # Text-level policies hold no KV cache: their context is the endpoint's,
+    # and BFCL's closed prompts (tens of function docs) outgrow a demo budget.
+    rcfg = dataclasses.replace(rcfg, max_len=max(rcfg.max_len, config.text_max_len))
+
+  def fmt_for(strategy):
+    return chat_format.ChatFormat(tok, strategy=strategy)
+
+  def make_policy(strategy, plan_fn=None):
+    fmt = fmt_for(strategy)
+    if config.policy == "oracle":
+      if plan_fn is not None:
+        return bench_lib.PlanOraclePolicy(fmt, plan_fn, strategy=strategy)
+      return policies.OraclePolicy(fmt, strategy=strategy)
+    if config.policy == "api":
+      client = api_client.ChatClient(base_url=config.api.base_url, model=config.api.model,
+                                     api_key=os.environ.get(config.api.api_key_env, ""))
+      return policies.APIPolicy(fmt, client)
+    return policies.JaxPolicy(model, fmt, max_len=rcfg.max_len,
+                              max_turn_tokens=rcfg.max_turn_tokens, temperature=0.0)
+
+  records = []
+  benchmarks = [b for b in config.benchmarks.split(",") if b]
+  strategies = [s for s in config.strategies.split(",") if s]
+  common = dict(strategies=strategies, policy_name=name, workdir=workdir,
+                rollout_config=rcfg, batch_size=config.batch_size, seed=config.seed)
+  for bench in benchmarks:
+    if bench == "toolenv":
+      for cat_name in [c for c in config.catalog.split(",") if c]:
+        catalog = toolenv.load_catalog(cat_name, seed=config.catalog_seed)
+        kinds = [k for k in config.kinds.split(",") if k]
+        try:
+          tasks = runner.toolenv_tasks(catalog, num_per_kind=config.num_per_kind,
+                                       seed=config.task_seed, kinds=kinds)
+        except ValueError as e:
+          raise config_utils.ConfigError(f"toolenv-{cat_name}: {e}") from e
+        for strategy in strategies:
+          records += runner.run_toolenv(make_policy, fmt_for, catalog, tasks,
+                                        strategy=strategy, policy_name=name,
+                                        workdir=workdir, rollout_config=rcfg,
+                                        batch_size=config.batch_size, seed=config.seed,
+                                        benchmark=f"toolenv-{cat_name}")
+    elif bench == "bfcl":
+      try:
+        entries = bench_lib.bfcl_entries(
+            config.bfcl_source, [c for c in config.bfcl_categories.split(",") if c],
+            limit=config.bfcl_limit)
+      except (FileNotFoundError, ValueError) as e:
+        raise config_utils.ConfigError(f"bfcl: {e}") from e
+      records += bench_lib.run_bfcl(
+          make_policy, fmt_for, entries,
+          settings=[s for s in config.bfcl_settings.split(",") if s], **common)
+    elif bench == "stabletoolbench":
+      if not (config.stb_queries and config.stb_tools):
+        raise config_utils.ConfigError(
+            "stabletoolbench: set stb_queries=FILE[;FILE...] (StableToolBench query "
+            "JSON) and stb_tools=DIR (its tools directory)")
+      try:
+        records += bench_lib.run_stabletoolbench(
+            make_policy, fmt_for, [q for q in config.stb_queries.split(";") if q],
+            config.stb_tools, settings=[s for s in config.stb_settings.split(",") if s],
+            limit=config.stb_limit, **common)
+      except (FileNotFoundError, ValueError) as e:
+        raise config_utils.ConfigError(f"stabletoolbench: {e}") from e
+    else:
+      raise config_utils.ConfigError(f"benchmarks: unknown {bench!r}; expected "
+                                     "toolenv, bfcl or stabletoolbench")
+  rep = report_lib.write_report(records, workdir)
+  report = report_lib.build_report(records)
+  print(report_lib.terminal_table(report), flush=True)
+  for ex in report["transcripts"][:max(0, int(transcripts))]:
+    print(report_lib.format_transcript(ex, max_chars=0) + "\n", flush=True)
+  print(f"evaluate: report {rep['markdown']} (every column, per-kind turns and "
+        f"calls, example transcripts), "
+        f"{rep['json']}; per-task records with transcripts in {workdir}/records",
+        flush=True)
+  return rep
