@@ -6,8 +6,7 @@ r"""Dry run of a training config on a fake CPU mesh: memory and shardings.
       --config=configs/paraagent_4b.py:slice=v6e-64 --dry_run --fake_devices=64
 
 Before any JAX backend use, JAX is made to see N CPU devices
-(``jax_num_cpu_devices``; ``XLA_FLAGS=--xla_force_host_platform_device_count``
-on JAX versions without it). Then, with the trainer's own builders
+(``jax_num_cpu_devices``). Then, with the trainer's own builders
 (`paraagent_jax.rundir.model_config`, `trainer.state.abstract_train_state`, the SFT and
 GRPO steps of `paraagent_jax.learner`, and the sampler's jitted prefill/decode of
 `paraagent_jax.sampling`):
@@ -85,11 +84,7 @@ def set_fake_devices(n: int) -> None:
   # thousands of lines at 64 devices (set TF_CPP_MIN_LOG_LEVEL=0 to see them).
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   jax.config.update("jax_platforms", "cpu")
-  try:
-    jax.config.update("jax_num_cpu_devices", n)
-  except AttributeError:  # JAX older than 0.4.38: the XLA flag does it.
-    flag = f"--xla_force_host_platform_device_count={n}"
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}"
+  jax.config.update("jax_num_cpu_devices", n)
 
 
 # ----------------------------------------------------------------------------

@@ -93,6 +93,7 @@ def model_card(config, model_cfg, step: int, evals: dict, has_tok: bool) -> str:
 def push_to_hub(out_dir: str, repo_id: str) -> None:
   """Uploads `out_dir` to the Hub; a one-line error when that is impossible."""
   try:
+    # Optional: only --push_to_hub needs it, and the export works without it.
     import huggingface_hub  # pylint: disable=g-import-not-at-top
   except ImportError:
     raise ExportError("--push_to_hub needs the huggingface_hub package") from None

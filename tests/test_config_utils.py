@@ -160,3 +160,22 @@ def test_train_defaults_are_plain_serialisable():
   assert isinstance(ml_collections.ConfigDict(d), ml_collections.ConfigDict)
   keys = set(cu.iter_keys(c))
   assert {"mesh.fsdp", "data.source", "optimizer.total_steps"} <= keys
+
+
+def test_demonstration_defaults_are_one_table():
+  """Unset and None keys take the one default; set keys win; unknown keys stay."""
+  d = cu.with_defaults({"overlong": "truncate", "length_bucket": "512,1024",
+                                  "kinds": None, "extra": 3},
+                                 cu.demonstration_defaults())
+  assert d.overlong == "truncate" and d.length_bucket == "512,1024"
+  assert d.kinds == () and d.copy_len == 256 and d.extra == 3
+  assert cu.with_defaults(None, cu.demonstration_defaults()).overlong == "drop"
+
+
+def test_rl_catalog_follows_the_demonstrations():
+  c = cu.train_defaults()
+  assert cu.rl_catalog(c) == "procedural"
+  c.data.catalog = "openapi"
+  assert cu.rl_catalog(c) == "openapi"
+  c.rl.catalog = "procedural"
+  assert cu.rl_catalog(c) == "procedural"

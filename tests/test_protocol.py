@@ -4,11 +4,12 @@ import json
 
 from hypothesis import given, settings, strategies as st
 
+from paraagent_jax import tokenizer as tok_lib
 from paraagent_jax.learner import batch as batch_lib
 from paraagent_jax.paraact import protocol as p
 from toolenv.schema import Call, Step
 
-_TAGS = list(p.PROTOCOL_TOKENS) + ["<|im_end|>", "{", "}", '"', ":", "\n"]
+_TAGS = list(tok_lib.PROTOCOL_TOKENS) + ["<|im_end|>", "{", "}", '"', ":", "\n"]
 
 _json_scalars = st.one_of(
     st.none(), st.booleans(), st.integers(-10**6, 10**6),
@@ -25,7 +26,7 @@ _calls = st.builds(
 # Thoughts are one line of normalised whitespace without tags (render joins
 # whitespace; a tag inside a thought would be a different step).
 _thoughts = st.text(max_size=40).map(lambda s: " ".join(s.split())).filter(
-    lambda s: not any(t in s for t in p.PROTOCOL_TOKENS) and
+    lambda s: not any(t in s for t in tok_lib.PROTOCOL_TOKENS) and
     "<answer>" not in s)
 _steps = st.one_of(
     st.builds(Step, phase=st.sampled_from(p.PHASES),

@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from paraagent_jax import config_utils
+from paraagent_jax import fileio
 from paraagent_jax import rundir
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -112,3 +114,38 @@ def test_train_with_a_workdir_under_a_file_stops_with_one_line(tmp_path):
   assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
   lines = [l for l in proc.stderr.splitlines() if l.strip()]
   assert len(lines) == 1 and "cannot create it (Not a directory)" in lines[0], lines
+
+
+def test_atomic_writes_leave_the_old_file_on_failure(tmp_path):
+  """`fileio.atomic_open`: the target appears whole or not at all."""
+  path = str(tmp_path / "sub" / "a.json")
+  fileio.write_json_atomic(path, {"x": 1})
+  with open(path) as f:
+    assert json.load(f) == {"x": 1}
+  try:
+    with fileio.atomic_open(path) as f:
+      f.write('{"x": 2, "half": ')
+      raise RuntimeError("killed mid-write")
+  except RuntimeError:
+    pass
+  with open(path) as f:
+    assert json.load(f) == {"x": 1}
+  assert os.listdir(tmp_path / "sub") == ["a.json"]   # no temporary left behind
+  assert fileio.write_jsonl_atomic(str(tmp_path / "b.jsonl"), [{"a": 1}, {"b": 2}]) == 2
+  assert (tmp_path / "b.jsonl").read_text() == '{"a": 1}\n{"b": 2}\n'
+
+
+def test_tokenizer_dir_prefers_settings_then_existing_derived_dirs(tmp_path):
+  c = config_utils.train_defaults()
+  c.data.data_dir = str(tmp_path / "demos")
+  c.init_from = str(tmp_path / "sft")
+  # Nothing exists yet: the first derived place (for the error message).
+  assert rundir.tokenizer_dir(c) == str(tmp_path / "demos" / "tokenizer")
+  # Only init_from's tokenizer exists: that one.
+  os.makedirs(tmp_path / "sft" / "tokenizer")
+  (tmp_path / "sft" / "tokenizer" / "tokenizer.json").write_text("{}")
+  assert rundir.tokenizer_dir(c) == str(tmp_path / "sft" / "tokenizer")
+  c.rl.tokenizer = "/explicit"
+  assert rundir.tokenizer_dir(c) == "/explicit"
+  with pytest.raises(config_utils.ConfigError, match="no config.json"):
+    rundir.load_run_config(str(tmp_path))

@@ -40,7 +40,7 @@ def _messages():
 
 def test_protocol_tags_are_single_tokens(tok):
   enc = T.ChatEncoder(tok)
-  for t in p.PROTOCOL_TOKENS + (T.IM_START, T.IM_END):
+  for t in T.PROTOCOL_TOKENS + (T.IM_START, T.IM_END):
     assert len(enc.encode(t)) == 1, t
   assert all(len(s) == 1 for s in enc.stop_sequences())
   text = p.render_step(_STEPS[1])
