@@ -132,6 +132,9 @@ def calls_per_second(cat, tasks, batch: int = 64) -> tuple[float, float, int, li
         secs += time.perf_counter() - t
         cpu += time.process_time() - c
         calls += n_exec
+  if not calls:
+    raise SystemExit(f"toolenv_bench: no execute calls timed: the env runs in batches of "
+                     f"{batch} tasks and --tasks gave {len(tasks)}; use --tasks >= {batch}")
   return calls / secs, calls / max(cpu, 1e-9), calls, timed
 
 

@@ -175,10 +175,11 @@ def tokenizer_dir(config) -> str:
   (an HF directory with ``tokenizer.json``) that exists, or the first of them
   that the config names, so an error can say where it looked.
   """
-  for p in (config.get("rl", {}).get("tokenizer", ""), config.data.get("tokenizer", "")):
+  data = config.get("data") or {}
+  for p in ((config.get("rl") or {}).get("tokenizer", ""), data.get("tokenizer", "")):
     if p:
       return p
-  data_dir, init = config.data.get("data_dir", ""), config.get("init_from", "")
+  data_dir, init = data.get("data_dir", ""), config.get("init_from", "")
   cands = ([os.path.join(data_dir, "tokenizer")] if data_dir else []) + (
       [os.path.join(init, "tokenizer"), init] if init else [])
   for c in cands:

@@ -6,6 +6,7 @@ import socket
 import subprocess
 import sys
 
+import ml_collections
 import pytest
 
 from paraagent_jax import config_utils
@@ -147,5 +148,7 @@ def test_tokenizer_dir_prefers_settings_then_existing_derived_dirs(tmp_path):
   assert rundir.tokenizer_dir(c) == str(tmp_path / "sft" / "tokenizer")
   c.rl.tokenizer = "/explicit"
   assert rundir.tokenizer_dir(c) == "/explicit"
+  # A config without data / rl groups (an HF config.json read as one): none.
+  assert rundir.tokenizer_dir(ml_collections.ConfigDict({"model_type": "qwen3"})) == ""
   with pytest.raises(config_utils.ConfigError, match="no config.json"):
     rundir.load_run_config(str(tmp_path))

@@ -65,7 +65,8 @@ def policy_tokenizer(config, checkpoint: str, workdir: str = ""):
   cands = [config.tokenizer]
   if checkpoint:
     cands += [checkpoint, os.path.join(checkpoint, "tokenizer")]
-    if os.path.isfile(os.path.join(checkpoint, rundir.CONFIG_FILE)):
+    if not rundir.is_hf_dir(checkpoint) and os.path.isfile(
+        os.path.join(checkpoint, rundir.CONFIG_FILE)):
       try:   # a training workdir: its run's tokenizer
         cands.append(rundir.tokenizer_dir(rundir.load_run_config(checkpoint)))
       except config_utils.ConfigError:
