@@ -24,6 +24,15 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from flax import nnx  # noqa: E402  pylint: disable=wrong-import-position
+from paraagent_jax import evaluate  # noqa: E402  pylint: disable=wrong-import-position
+from paraagent_jax.data import demo_tokenizer  # noqa: E402  pylint: disable=wrong-import-position
+from paraagent_jax.evaluation import report as report_lib  # noqa: E402  pylint: disable=wrong-import-position
+from paraagent_jax.evaluation import runner  # noqa: E402  pylint: disable=wrong-import-position
+from paraagent_jax.models import hf_io, qwen3  # noqa: E402  pylint: disable=wrong-import-position
+from paraagent_jax.paraact import strategies  # noqa: E402  pylint: disable=wrong-import-position
+import toolenv  # noqa: E402  pylint: disable=wrong-import-position
+
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from paraagent_jax import config_utils
 
@@ -32,11 +41,6 @@ def build_random_demo(out_dir: str) -> str:
   """A random-init demo-preset HF directory with a demo tokenizer (cached)."""
   if os.path.exists(os.path.join(out_dir, "config.json")):
     return out_dir
-  from flax import nnx
-  import toolenv
-  from paraagent_jax.data import demo_tokenizer
-  from paraagent_jax.models import hf_io, qwen3
-  from paraagent_jax.paraact import strategies
   gen = toolenv.TaskGenerator(toolenv.load_catalog("procedural", seed=0), seed=1)
   texts = [strategies.get_strategy(s).system_prompt() for s in strategies.STRATEGY_NAMES]
   for t in gen.generate(300, split="train"):
@@ -63,9 +67,6 @@ def time_eval(config_arg: str, workdir: str, checkpoint: str = ""
   CPU seconds (all threads) are reported too: on a shared machine the wall
   time measures the other users' load as much as ours.
   """
-  from paraagent_jax import evaluate
-  from paraagent_jax.evaluation import report as report_lib
-  from paraagent_jax.evaluation import runner
   shutil.rmtree(os.path.join(workdir, "records"), ignore_errors=True)
   config = config_utils.load_config(f"configs/evaluate.py:{config_arg}")
   t0, c0 = time.perf_counter(), _cpu_s()

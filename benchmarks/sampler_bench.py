@@ -62,10 +62,7 @@ import torch
 import transformers
 
 from paraagent_jax import sampling
-try:
-  from paraagent_jax.models import hf_io
-except ImportError:  # hf_io not landed yet: same weights copied from torch.
-  hf_io = None
+from paraagent_jax.models import hf_io
 
 
 def _hf_model(seed: int) -> transformers.Qwen3ForCausalLM:
@@ -151,13 +148,9 @@ def main(argv=None) -> None:
   torch.set_num_threads(args.threads)
 
   hf = _hf_model(args.seed)
-  if hf_io is None:
-    from tests.test_sampling import _from_torch
-    model = _from_torch(hf)
-  else:
-    with tempfile.TemporaryDirectory() as tmp:
-      hf.save_pretrained(tmp)
-      model = hf_io.load_hf(tmp)
+  with tempfile.TemporaryDirectory() as tmp:
+    hf.save_pretrained(tmp)
+    model = hf_io.load_hf(tmp)
   load_before = os.getloadavg()
   print(f"jax {jax.__version__} ({jax.default_backend()}, "
         f"{jax.device_count()} devices), torch {torch.__version__} "

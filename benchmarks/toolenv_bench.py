@@ -62,6 +62,8 @@ sys.path.insert(0, ROOT)
 import toolenv  # pylint: disable=g-import-not-at-top,wrong-import-position
 from toolenv import oracle  # pylint: disable=g-import-not-at-top,wrong-import-position
 
+from toolenv.catalog import _cache_key, _find  # noqa: E402  pylint: disable=wrong-import-position
+
 _CHILD = """
 import json, sys, time, toolenv
 t = time.perf_counter()
@@ -83,7 +85,6 @@ def timed_load(cache_dir: str, name: str = "procedural") -> dict:
 def openapi_cache_path() -> str | None:
   """Where ``load_catalog("openapi")`` reads its cache, if that cache exists."""
   # The registry's own key (private helpers): the bench must not build it.
-  from toolenv.catalog import _cache_key, _find  # pylint: disable=g-import-not-at-top
   try:
     b = _find("openapi")
   except KeyError:

@@ -35,52 +35,13 @@ from paraagent_jax.learner import grpo
 from paraagent_jax.learner import sft_loss
 from paraagent_jax.learner import optimizer as optim
 from paraagent_jax.learner import step as ts
-
-
-class _StandInLM(nnx.Module):
-  """Qwen3-shaped decoder used only while models/qwen3.py is missing."""
-
-  def __init__(self, vocab, dim, layers, heads, ffn, rngs):
-    self.embed = nnx.Embed(vocab, dim, rngs=rngs)
-    self.heads = heads
-    self.layers = nnx.List([
-        nnx.Dict(norm1=nnx.RMSNorm(dim, rngs=rngs),
-                 qkv=nnx.Linear(dim, 3 * dim, use_bias=False, rngs=rngs),
-                 out=nnx.Linear(dim, dim, use_bias=False, rngs=rngs),
-                 norm2=nnx.RMSNorm(dim, rngs=rngs),
-                 up=nnx.Linear(dim, 2 * ffn, use_bias=False, rngs=rngs),
-                 down=nnx.Linear(ffn, dim, use_bias=False, rngs=rngs))
-        for _ in range(layers)])
-    self.norm = nnx.RMSNorm(dim, rngs=rngs)
-
-  def __call__(self, tokens, attention_mask=None):
-    x = self.embed(tokens)
-    b, t, d = x.shape
-    causal = jnp.tril(jnp.ones((t, t), bool))[None, None]
-    mask = causal & (attention_mask[:, None, None, :] > 0)
-    for layer in self.layers:
-      q, k, v = jnp.split(layer["qkv"](layer["norm1"](x)), 3, axis=-1)
-      q, k, v = (y.reshape(b, t, self.heads, d // self.heads) for y in (q, k,
-                                                                       v))
-      att = jax.nn.dot_product_attention(q, k, v, mask=mask)
-      x = x + layer["out"](att.reshape(b, t, d))
-      gate, up = jnp.split(layer["up"](layer["norm2"](x)), 2, axis=-1)
-      x = x + layer["down"](jax.nn.silu(gate) * up)
-    return self.embed.attend(self.norm(x))
+from paraagent_jax.models import qwen3
 
 
 def build_model(seed: int):
-  """The demo preset of Qwen3 if it exists, else a same-sized stand-in."""
-  try:
-    # pylint: disable-next=g-import-not-at-top
-    from paraagent_jax.models import qwen3
-  except ImportError:
-    qwen3 = None
-  if qwen3 is not None:
-    cfg = qwen3.Qwen3Config.preset("demo")
-    return qwen3.Qwen3(cfg, rngs=nnx.Rngs(seed)), f"qwen3 demo preset {cfg}"
-  model = _StandInLM(4096, 256, 4, 4, 768, nnx.Rngs(seed))
-  return model, "stand-in decoder (qwen3.py not found): 4L, d256, V4096"
+  """The demo preset of Qwen3 (random weights) and a line describing it."""
+  cfg = qwen3.Qwen3Config.preset("demo")
+  return qwen3.Qwen3(cfg, rngs=nnx.Rngs(seed)), f"qwen3 demo preset {cfg}"
 
 
 def _block(tree):

@@ -25,14 +25,15 @@ import toolenv  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-p
 from toolenv import oracle  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 from toolenv.tasks import KINDS, SPLITS  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 
+from toolenv.catalog import openapi  # noqa: E402  pylint: disable=wrong-import-position
+from toolenv.catalog.store import Catalog  # noqa: E402  pylint: disable=wrong-import-position
+
 FIXTURE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                        "tests", "data", "openapi_tasks")
 
 
 def fixture_catalog(path: str = FIXTURE):
   """The small OpenAPI catalog parsed from the specs in ``path``."""
-  from toolenv.catalog import openapi  # pylint: disable=g-import-not-at-top
-  from toolenv.catalog.store import Catalog  # pylint: disable=g-import-not-at-top
   return Catalog(openapi.parse_source(path), name="openapi")
 
 

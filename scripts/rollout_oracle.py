@@ -23,6 +23,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import tempfile  # noqa: E402  pylint: disable=wrong-import-position
+
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import toolenv  # noqa: E402
 from paraagent_jax import tokenizer as tok_lib  # noqa: E402
@@ -56,7 +58,6 @@ def main(argv=None) -> int:
   gen = toolenv.TaskGenerator(cat, seed=0)
   tasks = {(split, kind): [gen.task(i, split, kind) for i in range(args.n)]
            for split in toolenv.tasks.SPLITS for kind in toolenv.tasks.KINDS}
-  import tempfile  # pylint: disable=g-import-not-at-top
   with tempfile.TemporaryDirectory() as d:
     tok = train_tokenizer([t for ts in tasks.values() for t in ts], d)
   config = rollout.RolloutConfig(max_turns=24, max_len=16384, max_obs_tokens=4000,

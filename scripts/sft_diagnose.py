@@ -13,6 +13,19 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from flax import nnx  # noqa: E402  pylint: disable=wrong-import-position
+import ml_collections  # noqa: E402  pylint: disable=wrong-import-position
+from paraagent_jax import checkpoint as ckpt_lib  # noqa: E402  pylint: disable=wrong-import-position
+from paraagent_jax import config_utils  # noqa: E402  pylint: disable=wrong-import-position
+from paraagent_jax import rundir  # noqa: E402  pylint: disable=wrong-import-position
+from paraagent_jax import sharding as shd  # noqa: E402  pylint: disable=wrong-import-position
+from paraagent_jax import tokenizer as tok_lib  # noqa: E402  pylint: disable=wrong-import-position
+from paraagent_jax.evaluation import greedy  # noqa: E402  pylint: disable=wrong-import-position
+from paraagent_jax.paraact import chat_format, policies, rollout  # noqa: E402  pylint: disable=wrong-import-position
+from paraagent_jax.trainer import rl_tasks  # noqa: E402  pylint: disable=wrong-import-position
+from paraagent_jax.trainer import state as state_lib  # noqa: E402  pylint: disable=wrong-import-position
+import toolenv  # noqa: E402  pylint: disable=wrong-import-position
+
 
 def main():
   ap = argparse.ArgumentParser()
@@ -23,18 +36,6 @@ def main():
   ap.add_argument("--show", type=int, default=5)
   ap.add_argument("--max_chars", type=int, default=600)
   args = ap.parse_args()
-  # pylint: disable=g-import-not-at-top
-  import ml_collections
-  from flax import nnx
-  import toolenv
-  from paraagent_jax import checkpoint as ckpt_lib
-  from paraagent_jax import rundir
-  from paraagent_jax.evaluation import greedy
-  from paraagent_jax.trainer import rl_tasks
-  from paraagent_jax.trainer import state as state_lib
-  from paraagent_jax import tokenizer as tok_lib
-  from paraagent_jax import sharding as shd
-  from paraagent_jax.paraact import chat_format, policies, rollout
   with open(os.path.join(args.workdir, "config.json")) as f:
     config = ml_collections.ConfigDict(json.load(f))
   if not config.data.get("data_dir", ""):   # stage=sft alone: WORKDIR/demos
@@ -48,7 +49,7 @@ def main():
                                        ckpt_lib.with_shardings(abstract, shardings))
   rl = config.rl
   fmt = chat_format.ChatFormat(tok, strategy=rl.strategy)
-  catalog = toolenv.load_catalog(rl.catalog, seed=rl.catalog_seed)
+  catalog = toolenv.load_catalog(config_utils.rl_catalog(config), seed=rl.catalog_seed)
   gen = toolenv.TaskGenerator(catalog, seed=rl.task_seed)
   kinds = [k for k in rl.kinds.split(",") if k]
   tasks = rl_tasks.draw_tasks(gen, args.split, args.start, args.n, kinds)

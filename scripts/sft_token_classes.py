@@ -23,16 +23,22 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from flax import nnx  # noqa: E402  pylint: disable=wrong-import-position
+import ml_collections  # noqa: E402  pylint: disable=wrong-import-position
+import numpy as np  # noqa: E402  pylint: disable=wrong-import-position
+from paraagent_jax import checkpoint as ckpt_lib  # noqa: E402  pylint: disable=wrong-import-position
+from paraagent_jax import rundir  # noqa: E402  pylint: disable=wrong-import-position
+from paraagent_jax import sharding as shd  # noqa: E402  pylint: disable=wrong-import-position
+from paraagent_jax import tokenizer as tok_lib  # noqa: E402  pylint: disable=wrong-import-position
+from paraagent_jax.data import copy_stats  # noqa: E402  pylint: disable=wrong-import-position
+from paraagent_jax.trainer import state as state_lib  # noqa: E402  pylint: disable=wrong-import-position
+
 
 _ID = re.compile(r"[a-z]{3}-[0-9a-f]{6}")   # `toolenv.executor.make_id`
 
 
 def token_class_accuracy(model, tokenizer, records, max_len: int = 2048) -> dict:
   """Accuracy per token class over ``records`` (demonstration dicts)."""
-  # pylint: disable=g-import-not-at-top
-  import numpy as np
-  from paraagent_jax import tokenizer as tok_lib
-  from paraagent_jax.data import copy_stats
   hits: dict[str, list[int]] = {}
 
   def count(name, ok):
@@ -94,14 +100,6 @@ def main():
   ap.add_argument("--kind", default="", help="only rows of these task kinds, "
                   "comma-separated (e.g. parallel,mixed); default all")
   args = ap.parse_args()
-  # pylint: disable=g-import-not-at-top
-  import ml_collections
-  from flax import nnx
-  from paraagent_jax import checkpoint as ckpt_lib
-  from paraagent_jax import rundir
-  from paraagent_jax.trainer import state as state_lib
-  from paraagent_jax import sharding as shd
-  from paraagent_jax import tokenizer as tok_lib
   with open(os.path.join(args.workdir, "config.json")) as f:
     config = ml_collections.ConfigDict(json.load(f))
   data_dir = (args.data_dir or config.data.get("data_dir", "")

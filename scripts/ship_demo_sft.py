@@ -22,11 +22,16 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from paraagent_jax import checksums  # noqa: E402  pylint: disable=wrong-import-position
+from paraagent_jax import export_hf  # noqa: E402  pylint: disable=wrong-import-position
+from paraagent_jax import metrics as metrics_lib  # noqa: E402  pylint: disable=wrong-import-position
+from paraagent_jax import rundir  # noqa: E402  pylint: disable=wrong-import-position
+from paraagent_jax.trainer.sft import EVAL_FILE, format_eval  # noqa: E402  pylint: disable=wrong-import-position
+
 
 def log_summary(workdir: str, copy_warmup: int, turn_warmup: int,
                 copy_every: int = 0) -> list[str]:
   """Markdown lines: the training log at a few steps, per phase."""
-  from paraagent_jax import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
   recs = metrics_lib.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
   train = [r for r in recs if "train/loss" in r]
   evals = {int(r["step"]): r["eval/loss"] for r in recs if "eval/loss" in r}
@@ -66,11 +71,6 @@ def main():
   ap.add_argument("--wall", required=True, help="its wall time, as measured")
   ap.add_argument("--machine", default="2-core CPU VM (24 GB), JAX on CPU")
   args = ap.parse_args()
-  # pylint: disable=g-import-not-at-top
-  from paraagent_jax import checksums
-  from paraagent_jax import export_hf
-  from paraagent_jax import rundir
-  from paraagent_jax.trainer.sft import EVAL_FILE, format_eval
   if os.path.exists(args.out):
     shutil.rmtree(args.out)
   summary = export_hf.export(args.workdir, args.out)

@@ -6,15 +6,15 @@ same sampler run in a configuration that must give the same answer (one prompt
 alone vs. in a ragged batch, continuation vs. recomputation from scratch).
 """
 
+import jax
 import numpy as np
 import pytest
+import torch   # requirements-test.txt: the reference side
+import transformers
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-jax = pytest.importorskip("jax")
-
-from paraagent_jax import sampling  # pylint: disable=g-import-not-at-top
+from paraagent_jax import sampling
 from paraagent_jax import sampling_kernels
+from paraagent_jax.models import hf_io
 
 # (tie_embeddings, num_kv_heads): GQA ratio 2 with tied embeddings, ratio 1 untied.
 CONFIGS = [(True, 2), (False, 4)]
@@ -36,47 +36,9 @@ def _hf_model(tie: bool, kv_heads: int, seed: int = 0):
 def models(request, tmp_path_factory):
   """(transformers model, our model loaded from its saved directory)."""
   hf = _hf_model(*request.param)
-  try:
-    from paraagent_jax.models import hf_io  # pylint: disable=g-import-not-at-top
-  except ImportError:  # hf_io not landed yet: copy the same weights by hand.
-    return hf, _from_torch(hf)
   path = tmp_path_factory.mktemp("hf")
   hf.save_pretrained(path)
   return hf, hf_io.load_hf(str(path))
-
-
-def _from_torch(hf):
-  """Our Qwen3 with the weights of a transformers model (stand-in for hf_io)."""
-  from flax import nnx  # pylint: disable=g-import-not-at-top
-  from paraagent_jax.models import qwen3  # pylint: disable=g-import-not-at-top
-  hc = hf.config
-  c = qwen3.Qwen3Config(
-      vocab_size=hc.vocab_size, hidden_size=hc.hidden_size,
-      intermediate_size=hc.intermediate_size, num_layers=hc.num_hidden_layers,
-      num_heads=hc.num_attention_heads, num_kv_heads=hc.num_key_value_heads,
-      head_dim=hc.head_dim, rope_theta=hc.rope_parameters["rope_theta"],
-      rms_norm_eps=hc.rms_norm_eps, tie_embeddings=hc.tie_word_embeddings)
-  m = qwen3.Qwen3(c, rngs=nnx.Rngs(0))
-  sd = {k: v.detach().numpy() for k, v in hf.state_dict().items()}
-  d, n, k, h = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
-  m.embed_tokens[...] = sd["model.embed_tokens.weight"]
-  if not c.tie_embeddings:
-    m.lm_head[...] = sd["lm_head.weight"].T
-  m.norm[...] = sd["model.norm.weight"]
-  shapes = {"q_proj": (d, n, h), "k_proj": (d, k, h), "v_proj": (d, k, h),
-            "o_proj": (n, h, d)}
-  for i, layer in enumerate(m.layers):
-    g = lambda key, i=i: sd[f"model.layers.{i}.{key}"]
-    for name, shape in shapes.items():
-      w = g(f"self_attn.{name}.weight").T
-      getattr(layer, name)[...] = w.reshape(shape)
-    layer.q_norm[...] = g("self_attn.q_norm.weight")
-    layer.k_norm[...] = g("self_attn.k_norm.weight")
-    layer.attn_norm[...] = g("input_layernorm.weight")
-    layer.mlp_norm[...] = g("post_attention_layernorm.weight")
-    for name in ("gate_proj", "up_proj", "down_proj"):
-      getattr(layer, name)[...] = g(f"mlp.{name}.weight").T
-  return m
 
 
 def _prompts(seed, lengths):
