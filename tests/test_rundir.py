@@ -123,12 +123,10 @@ def test_atomic_writes_leave_the_old_file_on_failure(tmp_path):
   fileio.write_json_atomic(path, {"x": 1})
   with open(path) as f:
     assert json.load(f) == {"x": 1}
-  try:
+  with pytest.raises(RuntimeError, match="killed mid-write"):
     with fileio.atomic_open(path) as f:
       f.write('{"x": 2, "half": ')
       raise RuntimeError("killed mid-write")
-  except RuntimeError:
-    pass
   with open(path) as f:
     assert json.load(f) == {"x": 1}
   assert os.listdir(tmp_path / "sub") == ["a.json"]   # no temporary left behind

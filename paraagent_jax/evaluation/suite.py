@@ -67,10 +67,9 @@ def policy_tokenizer(config, checkpoint: str, workdir: str = ""):
     cands += [checkpoint, os.path.join(checkpoint, "tokenizer")]
     if not rundir.is_hf_dir(checkpoint) and os.path.isfile(
         os.path.join(checkpoint, rundir.CONFIG_FILE)):
-      try:   # a training workdir: its run's tokenizer
-        cands.append(rundir.tokenizer_dir(rundir.load_run_config(checkpoint)))
-      except config_utils.ConfigError:
-        pass
+      # A training workdir: its run's tokenizer (an unreadable config.json is
+      # a one-line ConfigError here, as it would be when loading the model).
+      cands.append(rundir.tokenizer_dir(rundir.load_run_config(checkpoint)))
   for c in cands:
     if c and os.path.exists(os.path.join(c, "tokenizer.json")):
       return tok_lib.load_tokenizer(c)

@@ -22,6 +22,7 @@ that no train task uses.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import re
 from typing import Any, Sequence
@@ -102,7 +103,7 @@ def plural(w: str) -> str:
   return w + "s"
 
 
-class BaseTaskGenerator:
+class BaseTaskGenerator(abc.ABC):
   """What every task generator shares: splits, `generate`, the gold-DAG runner.
 
   A subclass indexes its catalog in ``_index`` and draws one task in
@@ -121,9 +122,9 @@ class BaseTaskGenerator:
     """Which split a provider belongs to (stable for a given generator seed)."""
     return "test" if digest("split", self.seed, provider) % 1000 < TEST_FRACTION * 1000 else "train"
 
+  @abc.abstractmethod
   def _index(self) -> None:
     """Reads the catalog into the pools that ``task`` draws from."""
-    raise NotImplementedError
 
   # ---- public ------------------------------------------------------------
   def generate(self, n: int, split: str = "train",
@@ -136,9 +137,9 @@ class BaseTaskGenerator:
       raise ValueError(f"kinds must be a non-empty subset of {KINDS}, got {kinds!r}")
     return [self.task(i, split, kinds[i % len(kinds)]) for i in range(n)]
 
+  @abc.abstractmethod
   def task(self, index: int, split: str, kind: str) -> Task:
     """Task number ``index`` of ``kind`` in ``split`` (a pure function of them)."""
-    raise NotImplementedError
 
   # ---- resolving -------------------------------------------------------------
   def _finish(self, parts, task_id: str, kind: str, split: str) -> Task:
