@@ -270,6 +270,13 @@ def train_defaults() -> ml_collections.ConfigDict:
   # > 0: causal query blocks in the training forward (exact, skips the upper
   # triangle; ~1.7x faster SFT steps at T 1024 on the CPU). 0 = dense.
   c.model.attention_block = 0
+  # "auto" | "reference" | "chunked" | "xla" | "cudnn" | "splash" (see
+  # paraagent_jax/models/attention.py; auto = splash on TPU, cuDNN on GPU for
+  # bf16, chunked otherwise) and the block size of the chunked kernels.
+  c.model.attention = "auto"
+  c.model.attention_chunk = 512
+  # LM head + log-softmax over this many positions at a time (0 = all).
+  c.model.logits_chunk = 512
 
   # Mesh axis sizes (paraagent_jax.sharding.make_mesh); -1 = all the rest.
   c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))

@@ -302,9 +302,8 @@ def run_dry(config, *, do_compile: bool | Sequence[str] = True,
   ids = sds((rows, chunk), jnp.int32, replicated)
   per_row = sds((rows,), jnp.int32, replicated)
   lower("prefill", lambda: sampling_kernels.APPEND_JIT.lower(  # pylint: disable=protected-access
-      graphdef, state, cache, logits, ids, per_row, window=rl.max_len))
+      graphdef, state, cache, logits, ids, per_row))
   n_buf = max(sampler.min_decode, 1 << max(0, rl.max_turn_tokens - 1).bit_length())
-  windows = tuple(sampler.windows)[-sampler.max_segments:]
   key = jax.eval_shape(lambda: jax.random.key(0))
   key = sds(key.shape, key.dtype, replicated)
   stops = sds((2, 2), jnp.int32, replicated)
@@ -312,7 +311,7 @@ def run_dry(config, *, do_compile: bool | Sequence[str] = True,
   scalar = sds((), jnp.float32, replicated)
   lower("decode", lambda: sampling_kernels.DECODE_JIT.lower(  # pylint: disable=protected-access
       graphdef, state, cache, logits, key, per_row, stops, stop_mask, scalar,
-      scalar, n_buf=n_buf, windows=windows, greedy=False, top_k=int(rl.top_k),
+      scalar, n_buf=n_buf, greedy=False, top_k=int(rl.top_k),
       use_top_p=float(rl.top_p) < 1.0, pad_id=0))
 
   m = min_array_bytes

@@ -127,7 +127,7 @@ class Sampler:
 
   def __init__(self, model, batch_size: int, max_len: int, *,
                min_chunk: int = 16, max_chunk: int = 512, min_decode: int = 16,
-               min_window: int = 32, max_segments: int = 3, cache_dtype=None):
+               cache_dtype=None):
     """Creates a sampler.
 
     Args:
@@ -138,10 +138,6 @@ class Sampler:
       max_chunk: longest append chunk; longer inputs are split (bounds the
         [B, T, V] logits of a chunk and the number of compiled shapes).
       min_decode: smallest decode buffer (token budgets round up to powers of 2).
-      min_window: smallest attention window; windows (the cache prefix a call
-        attends to) are `min_window * 2**k` and `1.5 * min_window * 2**k`.
-      max_segments: most windows one decode call walks through (each is one
-        more while loop in the compiled program, so compile time grows).
       cache_dtype: dtype of the K/V cache (default: the model's choice).
     """
     self.graphdef, self.params = nnx.split(model)
@@ -152,17 +148,6 @@ class Sampler:
     self.max_chunk = _pow2_at_least(max_chunk)
     self.min_decode = _pow2_at_least(min_decode)
     self.cache_dtype = cache_dtype
-    self.max_segments = max(1, int(max_segments))
-    # Attention windows: half-octave steps, capped by (and ending at) max_len.
-    ladder, w = [], _pow2_at_least(min_window)
-    while w < self.max_len:
-      ladder += [w, w * 3 // 2]
-      w *= 2
-    self.windows = sorted({min(x, self.max_len) for x in ladder} | {self.max_len})
-
-  def _window_at_least(self, n: int) -> int:
-    """The smallest attention window with at least `n` slots."""
-    return next(w for w in self.windows if w >= n)
 
   def update_params(self, model_or_params) -> None:
     """Points the sampler at new weights (a model, or the params of nnx.split)."""
@@ -238,12 +223,9 @@ class Sampler:
       part = ids[:, offset:offset + chunk]
       piece[:, :part.shape[1]] = part
       num_new = np.clip(counts - offset, 0, chunk).astype(np.int32)
-      filled = state.lengths + np.minimum(counts, offset + chunk)
-      window = self._window_at_least(int(filled[num_new > 0].max()))
       cache, logits = self._call(
           "append", kernels.APPEND_JIT, state.stats,
-          (self.graphdef, self.params, cache, logits, piece, num_new),
-          dict(window=window))
+          (self.graphdef, self.params, cache, logits, piece, num_new))
       state.stats.prefill_calls += 1
       state.stats.prefill_padded_tokens += self.batch_size * chunk
       offset += chunk
@@ -297,15 +279,7 @@ class Sampler:
       stop_msk[i, width - len(s):] = True
     greedy = float(temperature) <= 0.0
     key, sub = jax.random.split(state.key)
-    # Attention windows: the last holds every row's final length; the ones
-    # below it are walked through first. They depend on that last window only
-    # (windows a row has outgrown are skipped at run time), so a rollout
-    # compiles one decode program per window size its histories reach.
-    run = budget > 0
-    last = self._window_at_least(
-        int((state.lengths + budget)[run].max()) if run.any() else 1)
-    windows = tuple(w for w in self.windows if w <= last)[-self.max_segments:]
-    static = dict(n_buf=n_buf, windows=windows, greedy=greedy, top_k=0 if greedy else int(top_k),
+    static = dict(n_buf=n_buf, greedy=greedy, top_k=0 if greedy else int(top_k),
                   use_top_p=(not greedy) and float(top_p) < 1.0,
                   pad_id=int(pad_token_id))
     args = (self.graphdef, self.params, state.cache, state.next_logits, sub,

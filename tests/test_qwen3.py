@@ -118,8 +118,10 @@ def test_scan_layers_and_remat_match_loop(tiny):
 
 @pytest.mark.parametrize("block", [8, 5])
 def test_attention_blocks_match_dense(tiny, block):
-  """Causal query blocks (`attention_block`) = the dense forward and its grads."""
-  cfg = qwen3.Qwen3Config.preset("tiny", attention_block=block)
+  """Causal query blocks (`attention_block`) of the reference path = the
+  default (chunked) forward and its grads."""
+  cfg = qwen3.Qwen3Config.preset("tiny", attention="reference",
+                                 attention_block=block)
   blocked = qwen3.Qwen3(cfg, rngs=nnx.Rngs(0))   # the same init as `tiny`
   for a, b in zip(jax.tree.leaves(nnx.state(blocked)), jax.tree.leaves(nnx.state(tiny))):
     np.testing.assert_array_equal(a, b)

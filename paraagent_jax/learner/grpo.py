@@ -212,11 +212,12 @@ def token_loss_terms(logp, inputs, config: GRPOConfig, ref_logp=None,
 
 def micro_loss(model, inputs, ref_model, config: GRPOConfig):
   """Weighted GRPO loss of one micro-batch (sums to the batch loss)."""
-  logits = model(inputs["tokens"], attention_mask=inputs["attention_mask"])
-  if config.temperature != 1.0:
-    logits = logits / config.temperature
   want_entropy = config.compute_entropy or config.entropy_coef != 0
-  out = logprobs_from_logits(logits, inputs["tokens"], want_entropy)
+  # The LM head and log-softmax run in sequence chunks (model.logits_chunk):
+  # no [B,T,V] fp32 logits.
+  out = model.token_logprobs(inputs["tokens"], inputs["attention_mask"],
+                             temperature=config.temperature,
+                             with_entropy=want_entropy)
   logp, entropy = out if want_entropy else (out, None)
   if entropy is not None and not config.entropy_coef:
     entropy = jax.lax.stop_gradient(entropy)
@@ -226,11 +227,9 @@ def micro_loss(model, inputs, ref_model, config: GRPOConfig):
     if ref_logp is None:
       if ref_model is None:
         raise ValueError("beta > 0 needs batch.ref_logprobs or a ref_state")
-      ref_logits = ref_model(inputs["tokens"],
-                             attention_mask=inputs["attention_mask"])
-      if config.temperature != 1.0:
-        ref_logits = ref_logits / config.temperature
-      ref_logp = logprobs_from_logits(ref_logits, inputs["tokens"])
+      ref_logp = ref_model.token_logprobs(inputs["tokens"],
+                                          inputs["attention_mask"],
+                                          temperature=config.temperature)
     ref_logp = jax.lax.stop_gradient(ref_logp)
   loss, sums = token_loss_terms(logp, inputs, config, ref_logp, entropy)
   return jnp.sum(loss * inputs["weights"]), sums

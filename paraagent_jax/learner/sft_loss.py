@@ -7,7 +7,12 @@ t, so ``loss_mask[:, 0]`` is ignored.
 
 An SFT batch is a mapping (or any object with these attributes) with
 ``tokens`` [B,T] int32, ``loss_mask`` [B,T] f32 (1 on assistant tokens) and
-``attention_mask`` [B,T] int32.
+``attention_mask`` [B,T] int32; packed rows (several demonstrations per row)
+add ``segment_ids`` [B,T] int32 (no attention across segments) and
+``positions`` [B,T] int32 (restarting at 0 in each segment).
+
+Log-probs come from `Qwen3.token_logprobs`, which runs the LM head and
+log-softmax in sequence chunks (`model.logits_chunk`): no [B,T,V] fp32 logits.
 """
 
 from __future__ import annotations
@@ -18,16 +23,24 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from paraagent_jax.learner import grpo
 from paraagent_jax.learner import step as ts
 
 SFT_FIELDS = ("tokens", "loss_mask", "attention_mask")
+# Present in packed batches only.
+PACKED_FIELDS = ("segment_ids", "positions")
 
 
 def _fields(batch) -> dict:
-  if isinstance(batch, Mapping):
-    return {k: batch[k] for k in SFT_FIELDS}
-  return {k: getattr(batch, k) for k in SFT_FIELDS}
+  get = (lambda k: batch.get(k)) if isinstance(batch, Mapping) else (
+      lambda k: getattr(batch, k, None))
+  out = {k: get(k) for k in SFT_FIELDS}
+  out.update({k: get(k) for k in PACKED_FIELDS if get(k) is not None})
+  return out
+
+
+def _logprobs(model, inputs):
+  return model.token_logprobs(inputs["tokens"], inputs["attention_mask"],
+                              inputs.get("positions"), inputs.get("segment_ids"))
 
 
 def _shifted_mask(loss_mask):
@@ -35,20 +48,21 @@ def _shifted_mask(loss_mask):
   return loss_mask.astype(jnp.float32).at[:, 0].set(0.0)
 
 
-def sft_loss(model, tokens, loss_mask, attention_mask):
+def sft_loss(model, tokens, loss_mask, attention_mask, positions=None,
+             segment_ids=None):
   """Token-mean cross-entropy over ``loss_mask`` (scalar, float32).
 
   Args:
-    model: an NNX module, ``model(tokens, attention_mask=...) -> [B,T,V]``.
+    model: a `paraagent_jax.models.qwen3.Qwen3` (``model.token_logprobs``).
     tokens: [B,T] int token ids.
     loss_mask: [B,T] 1 on tokens to learn (assistant turns).
     attention_mask: [B,T] 1 on real tokens.
+    positions, segment_ids: [B,T] int of packed rows (None = one sequence).
 
   Returns:
     The mean negative log-likelihood over masked tokens.
   """
-  logits = model(tokens, attention_mask=attention_mask)
-  logp = grpo.logprobs_from_logits(logits, tokens)
+  logp = model.token_logprobs(tokens, attention_mask, positions, segment_ids)
   mask = _shifted_mask(loss_mask)
   return -jnp.sum(logp * mask) / jnp.maximum(jnp.sum(mask), 1.0)
 
@@ -65,8 +79,7 @@ def _prepare(batch):
 
 def _micro_loss(model, inputs, ref_model):
   del ref_model  # SFT has no reference policy.
-  logits = model(inputs["tokens"], attention_mask=inputs["attention_mask"])
-  logp = grpo.logprobs_from_logits(logits, inputs["tokens"])
+  logp = _logprobs(model, inputs)
   # No extra metrics (e.g. argmax accuracy): they cost a pass over the
   # vocabulary, and this step is the benchmark's plain baseline.
   return -jnp.sum(logp * inputs["weights"]), {}

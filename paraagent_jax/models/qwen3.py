@@ -19,6 +19,12 @@ and multi-turn continuation (see its docstring for the contract). Slots are the
 second-to-last axis (`CACHE_SEQ_AXIS`) so that a decode step's attention over a
 row's cache is a contiguous [S, H] matmul per kv head (with slots before kv heads
 XLA CPU transposes the whole cache layer every step: ~4x slower decode attention).
+
+Attention itself lives in `paraagent_jax.models.attention`: the cache-free
+forward dispatches on `config.attention` (reference einsum, chunked flash,
+XLA, cuDNN, Pallas splash), and `token_logprobs` computes log-probs from the
+hidden states in sequence chunks (`config.logits_chunk`) so that no [B,T,V]
+fp32 logits exist in a training step.
 """
 
 from __future__ import annotations
@@ -30,12 +36,9 @@ import jax
 import jax.numpy as jnp
 
 from paraagent_jax import sharding as shd
+from paraagent_jax.models import attention as attn
 # The architecture config and its presets (re-exported: qwen3.Qwen3Config).
 from paraagent_jax.models.qwen3_config import Qwen3Config  # pylint: disable=unused-import
-
-# Finite "minus infinity": a query with no visible key (a left-padding position)
-# then gets a uniform softmax instead of NaN.
-_MASK_VALUE = -1e30
 
 # Axis of the cache slots in `cache["k"]` / `cache["v"]` ([L, B, K, S, H]).
 CACHE_SEQ_AXIS = 3
@@ -66,65 +69,6 @@ def apply_rope(x, tables):
 def rope(x, positions, theta):
   """Split-halves rotary embedding. x [B,T,n,H], positions [B,T] int."""
   return apply_rope(x, rope_tables(positions, x.shape[-1], theta))
-
-
-def _attend(q_btnh, k, v, mask_bts, kv_layout: str):
-  """Grouped-query attention; softmax in fp32. Returns [B,T,N,H].
-
-  `kv_layout` names the layout of k and v: "BSKH" (fresh projections, the
-  cache-free forward) or "BKSH" (the cache layer).
-  """
-  b, t, n, h = q_btnh.shape
-  kh = k.shape[kv_layout.index("K")]
-  if t == 1 and kv_layout == "BKSH":
-    return _attend_one(q_btnh, k, v, mask_bts)
-  q = q_btnh.reshape(b, t, kh, n // kh, h)
-  scores = jnp.einsum(f"BTKGH,{kv_layout}->BKGTS", q, k,
-                      preferred_element_type=jnp.float32) * (h ** -0.5)
-  scores = jnp.where(mask_bts[:, None, None], scores, _MASK_VALUE)
-  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-  out = jnp.einsum(f"BKGTS,{kv_layout}->BTKGH", probs, v)
-  return out.reshape(b, t, n, h)
-
-
-def _attend_blocked(q_btnh, k, v, mask_bts, block: int):
-  """`_attend` of a causal cache-free forward ("BSKH"), in query blocks.
-
-  Queries [s, s+block) attend to keys [0, s+block) only: the keys after the
-  block are masked for every one of its queries, so this is the same math
-  as the dense form (up to float rounding; a fully masked padding query
-  averages fewer values) with about half the score entries. On the CPU it
-  is also much faster than the halving alone (measured on the demo model, B
-  8, T 1024, fwd + bwd: dense 3.20 s, blocks of 128 1.89 s, no attention at
-  all 1.24 s; `benchmarks/attention_bench.py`): the dense [T,T] scores
-  of a head do not fit in cache.
-  """
-  t = q_btnh.shape[1]
-  outs = []
-  for s in range(0, t, block):
-    e = min(t, s + block)
-    outs.append(_attend(q_btnh[:, s:e], k[:, :e], v[:, :e], mask_bts[:, s:e, :e],
-                        "BSKH"))
-  return jnp.concatenate(outs, axis=1)
-
-
-def _attend_one(q_btnh, k, v, mask_bts):
-  """`_attend` for one query per row (a decode step) over a [B,K,S,H] cache.
-
-  Same math without the T axis: with it, XLA CPU lays the dots out as
-  [H,S] x [S,G] and transposes the whole value cache layer (and the scores)
-  on every step, which made attention ~40% of a batch-32 decode step.
-  """
-  b, _, n, h = q_btnh.shape
-  kh = k.shape[1]
-  q = q_btnh.reshape(b, kh, n // kh, h)
-  scores = jnp.einsum("BKGH,BKSH->BKGS", q, k,
-                      preferred_element_type=jnp.float32) * (h ** -0.5)
-  scores = jnp.where(mask_bts[:, :, None, :].reshape(b, 1, 1, -1), scores,
-                     _MASK_VALUE)
-  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-  out = jnp.einsum("BKGS,BKSH->BKGH", probs, v)
-  return out.reshape(b, 1, n, h)
 
 
 # Logical axis names of one decoder layer's parameters (without "layers").
@@ -185,13 +129,17 @@ def _layer(p, x, rope_tab, mask, cfg: Qwen3Config, ctx, kv_write=None):
     p: layer parameter arrays (see `_LAYER_AXES`).
     x: [B,T,D] residual stream (compute dtype).
     rope_tab: `rope_tables` of the chunk's positions.
-    mask: [B,T,S] bool, which keys each query sees.
+    mask: which keys each query sees: (attention_mask [B,T] or None,
+      segment_ids [B,T] or None) in the cache-free forward; (positions [B,T],
+      bound) with a cache: query i sees slots <= positions[:, i], and no real
+      query reads a slot at or past the int32 scalar `bound`.
     cfg: model config.
     ctx: (mesh, rules) for activation constraints, or None.
     kv_write: None for a cache-free forward (S = T); else (k_cache, v_cache,
       layer, b_idx, slot) with caches [L,B,K,S,H] (or one layer's [B,K,S,H]
       when `layer` is None): the chunk's keys/values are scattered to `slot`
-      (out-of-range slots are dropped) and attention reads the whole layer.
+      (out-of-range slots are dropped) and attention reads the layer's slots
+      up to the longest live row, in place (`attention.cache_attention`).
 
   Returns:
     (x, k_cache, v_cache); the caches are None in the cache-free forward.
@@ -208,9 +156,11 @@ def _layer(p, x, rope_tab, mask, cfg: Qwen3Config, ctx, kv_write=None):
   k = apply_rope(rms_norm(k, p["k_norm"], cfg.rms_norm_eps), rope_tab)
   if kv_write is None:
     k_all = v_all = None
-    block = cfg.attention_block
-    att = (_attend_blocked(q, k, v, mask, block) if 0 < block < q.shape[1]
-           else _attend(q, k, v, mask, "BSKH"))
+    attention_mask, segment_ids = mask
+    att = attn.self_attention(
+        q, k, v, attention_mask=attention_mask, segment_ids=segment_ids,
+        impl=cfg.attention, block=cfg.attention_chunk,
+        reference_block=cfg.attention_block, ctx=ctx, dtype=cfg.dtype)
   else:
     k_all, v_all, layer, b_idx, slot = kv_write
     # Advanced indices split by the kv-head slice: the update is [B,T,K,H].
@@ -218,8 +168,15 @@ def _layer(p, x, rope_tab, mask, cfg: Qwen3Config, ctx, kv_write=None):
         layer, b_idx, slice(None), slot)
     k_all = k_all.at[at].set(k.astype(k_all.dtype), mode="drop")
     v_all = v_all.at[at].set(v.astype(v_all.dtype), mode="drop")
-    k_l, v_l = (k_all, v_all) if layer is None else (k_all[layer], v_all[layer])
-    att = _attend(q, k_l.astype(dt), v_l.astype(dt), mask, "BKSH")
+    positions, bound = mask
+    if cfg.attention == "reference":
+      k_l, v_l = (k_all, v_all) if layer is None else (k_all[layer], v_all[layer])
+      s = k_l.shape[2]
+      vis = jnp.arange(s, dtype=jnp.int32)[None, None, :] <= positions[:, :, None]
+      att = attn.reference(q, k_l.astype(dt), v_l.astype(dt), vis, "BKSH")
+    else:       # reads the cache in place, block by block (no layer copy)
+      att = attn.cache_attention(q, k_all, v_all, positions, bound,
+                                 cfg.attention_chunk, layer)
   x = x + jnp.einsum("BTNH,NHD->BTD", att, p["o_proj"].astype(dt))
   x = con(x, ("batch", "seq", "act_embed"))
   h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
@@ -275,25 +232,8 @@ class Qwen3(nnx.Module):
     x = jnp.take(self.embed_tokens[...], input_ids, axis=0).astype(dt)
     return _constrain(x, ("batch", "seq", "act_embed"), self.sharding_ctx)
 
-  def _logits(self, x):
-    cfg = self.config
-    x = rms_norm(x, self.norm[...], cfg.rms_norm_eps)
-    if cfg.tie_embeddings:
-      logits = jnp.einsum("BTD,VD->BTV", x, self.embed_tokens[...].astype(x.dtype),
-                          preferred_element_type=jnp.float32)
-    else:
-      logits = jnp.einsum("BTD,DV->BTV", x, self.lm_head[...].astype(x.dtype),
-                          preferred_element_type=jnp.float32)
-    return _constrain(logits.astype(jnp.float32), ("batch", "seq", "act_vocab"),
-                      self.sharding_ctx)
-
   def _run_layers(self, x, positions, mask, cache=None, b_idx=None, slot=None):
-    """Runs all layers (loop or scan); threads the caches if given.
-
-    The caches are [L,...] arrays, or tuples of per-layer arrays (the
-    `unstack_cache` form: attention then reads each layer's buffer directly,
-    where slicing a layer out of the stack copies it on every call).
-    """
+    """Runs all layers (loop or scan); threads the [L,...] caches if given."""
     cfg, ctx = self.config, self.sharding_ctx
 
     rope_tab = rope_tables(positions, cfg.head_dim, cfg.rope_theta)
@@ -306,13 +246,6 @@ class Qwen3(nnx.Module):
     k_all = v_all = None
     if cache is not None:
       k_all, v_all = cache["k"], cache["v"]
-    if isinstance(k_all, (tuple, list)):
-      k_out, v_out = [], []
-      for i, layer in enumerate(self.layers):
-        x, k_l, v_l = one(layer.arrays(), x, k_all[i], v_all[i], None)
-        k_out.append(k_l)
-        v_out.append(v_l)
-      return x, tuple(k_out), tuple(v_out)
     if cfg.scan_layers:
       def body(carry, xs):
         x, k_all, v_all = carry
@@ -328,7 +261,21 @@ class Qwen3(nnx.Module):
 
   # -- public API -------------------------------------------------------------
 
-  def __call__(self, input_ids, attention_mask=None, positions=None):
+  def hidden(self, input_ids, attention_mask=None, positions=None,
+             segment_ids=None):
+    """The final hidden states [B,T,D] (after the last RMSNorm), no LM head.
+
+    Same arguments as `__call__`.
+    """
+    b, t = input_ids.shape
+    if positions is None:
+      positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    x, _, _ = self._run_layers(self._embed(input_ids), positions,
+                               (attention_mask, segment_ids))
+    return rms_norm(x, self.norm[...], self.config.rms_norm_eps)
+
+  def __call__(self, input_ids, attention_mask=None, positions=None,
+               segment_ids=None):
     """Full causal forward.
 
     Args:
@@ -336,20 +283,49 @@ class Qwen3(nnx.Module):
       attention_mask: optional [B,T], 1 = real token (a key padding mask,
         combined with the causal mask).
       positions: optional [B,T] RoPE positions; default arange(T) per row (as
-        transformers does when `position_ids` is not given).
+        transformers does when `position_ids` is not given). Packed rows pass
+        positions that restart at 0 in every segment.
+      segment_ids: optional [B,T] int: a token attends only to earlier tokens
+        of its own segment (packed rows). None = one segment per row.
 
     Returns:
       [B,T,V] float32 logits.
     """
-    b, t = input_ids.shape
-    if positions is None:
-      positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    mask = jnp.tril(jnp.ones((t, t), bool))[None]
-    if attention_mask is not None:
-      mask = mask & (attention_mask[:, None, :] > 0)
-    mask = jnp.broadcast_to(mask, (b, t, t))
-    x, _, _ = self._run_layers(self._embed(input_ids), positions, mask)
-    return self._logits(x)
+    return self.head(self.hidden(input_ids, attention_mask, positions,
+                                 segment_ids))
+
+  def head(self, h):
+    """LM-head logits [...,V] float32 of final hidden states `h` [...,D]."""
+    cfg = self.config
+    if cfg.tie_embeddings:
+      w, spec = self.embed_tokens[...], "VD"
+    else:
+      w, spec = self.lm_head[...], "DV"
+    logits = jnp.einsum(f"...D,{spec}->...V", h, w.astype(h.dtype),
+                        preferred_element_type=jnp.float32)
+    if logits.ndim == 3:
+      logits = _constrain(logits, ("batch", "seq", "act_vocab"), self.sharding_ctx)
+    return logits.astype(jnp.float32)
+
+  def token_logprobs(self, tokens, attention_mask=None, positions=None,
+                     segment_ids=None, *, temperature: float = 1.0,
+                     with_entropy: bool = False):
+    """log p(tokens[:, t] | tokens[:, <t]) per position; [B,T] f32, 0 at t = 0.
+
+    With `config.logits_chunk` > 0 the LM head, log-softmax (and entropy) run
+    over sequence chunks of that many positions under `jax.checkpoint`: the
+    forward and backward passes hold one [B, chunk, V] fp32 logits block at a
+    time, never [B,T,V], and the result and its gradients equal the unchunked
+    computation (`logits_chunk=0`) up to float rounding.
+
+    Returns:
+      logp [B,T] (and the entropy [B,T] of each position's predictive
+      distribution when `with_entropy`; same shift, 0 at t = 0).
+    """
+    h = self.hidden(tokens, attention_mask, positions, segment_ids)
+    return logprobs_from_hidden(self.head, h, tokens, temperature=temperature,
+                                with_entropy=with_entropy,
+                                chunk=self.config.logits_chunk)
 
   def init_cache(self, batch_size: int, max_len: int, dtype=None) -> dict:
     """An empty KV cache: {"k","v": [L,B,K,S,H] zeros, "lengths": [B] int32}."""
@@ -365,34 +341,9 @@ class Qwen3(nnx.Module):
     ctx = self.sharding_ctx
     axes = ("layers", "batch", "act_kv_heads", "cache_seq", None)
 
-    def con(x):
-      if isinstance(x, (tuple, list)):
-        return tuple(_constrain(y, axes[1:], ctx) for y in x)
-      return _constrain(x, axes, ctx)
-
-    return {"k": con(cache["k"]), "v": con(cache["v"]),
+    return {"k": _constrain(cache["k"], axes, ctx),
+            "v": _constrain(cache["v"], axes, ctx),
             "lengths": cache["lengths"]}
-
-  def unstack_cache(self, cache: dict) -> dict:
-    """The cache with "k"/"v" as tuples of per-layer [B,K,S,H] arrays.
-
-    `forward_chunk` takes either form and returns the one it was given. A
-    decode loop keeps this form across its steps (one copy in, one out): with
-    the stacked form every step copies each layer out of the stack before its
-    attention. Scanned models keep the stacked form (the scan needs it).
-    """
-    if self.config.scan_layers or isinstance(cache["k"], (tuple, list)):
-      return cache
-    n = self.config.num_layers
-    return {**cache, "k": tuple(cache["k"][i] for i in range(n)),
-            "v": tuple(cache["v"][i] for i in range(n))}
-
-  @staticmethod
-  def stack_cache(cache: dict) -> dict:
-    """The inverse of `unstack_cache`: "k"/"v" as [L,B,K,S,H] arrays."""
-    if not isinstance(cache["k"], (tuple, list)):
-      return cache
-    return {**cache, "k": jnp.stack(cache["k"]), "v": jnp.stack(cache["v"])}
 
   def forward_chunk(self, input_ids, cache, num_new, logits_at=None):
     """Appends a right-padded chunk to each row of the cache.
@@ -403,8 +354,7 @@ class Qwen3(nnx.Module):
 
     Args:
       input_ids: [B,T] int chunk (right-padded).
-      cache: the pytree from `init_cache` (or a previous call), stacked or in
-        the `unstack_cache` form.
+      cache: the pytree from `init_cache` (or a previous call).
       num_new: [B] int32, real tokens per row (0 leaves the row untouched).
       logits_at: optional [B] int, one chunk position per row: only its logits
         are computed (a prefill needs the last token's; the LM head over every
@@ -415,34 +365,82 @@ class Qwen3(nnx.Module):
       lengths += num_new).
     """
     b, t = input_ids.shape
-    k0 = cache["k"]
-    s = (k0[0].shape[CACHE_SEQ_AXIS - 1] if isinstance(k0, (tuple, list))
-         else k0.shape[CACHE_SEQ_AXIS])
+    s = cache["k"].shape[CACHE_SEQ_AXIS]
     lengths = cache["lengths"].astype(jnp.int32)
     num_new = jnp.asarray(num_new, jnp.int32)
     offs = jnp.arange(t, dtype=jnp.int32)[None, :]
     positions = lengths[:, None] + offs                                 # [B,T]
     slot = jnp.where(offs < num_new[:, None], positions, s)  # s = dropped write
     b_idx = jnp.broadcast_to(jnp.arange(b, dtype=jnp.int32)[:, None], (b, t))
-    mask = jnp.arange(s, dtype=jnp.int32)[None, None, :] <= positions[:, :, None]
-    x, k_all, v_all = self._run_layers(self._embed(input_ids), positions, mask,
-                                       cache, b_idx, slot)
+    # The longest live row after this chunk: attention reads no slot past it.
+    bound = jnp.max(lengths + num_new)
+    x, k_all, v_all = self._run_layers(self._embed(input_ids), positions,
+                                       (positions, bound), cache, b_idx, slot)
     new_cache = self.constrain_cache(
         {"k": k_all, "v": v_all, "lengths": lengths + num_new})
     if logits_at is not None:
       at = jnp.clip(jnp.asarray(logits_at, jnp.int32), 0, t - 1)
       x = jnp.take_along_axis(x, at[:, None, None], axis=1)
-    return self._logits(x), new_cache
+    return self.head(rms_norm(x, self.norm[...], self.config.rms_norm_eps)), new_cache
 
 
 def token_logprobs(model: Qwen3, tokens, attention_mask=None):
-  """log p(tokens[:, t] | tokens[:, <t]) per position; [B,T] f32, 0 at t = 0.
+  """`Qwen3.token_logprobs` as a function (kept for callers and tests)."""
+  return model.token_logprobs(tokens, attention_mask)
 
-  Log-softmax in fp32. Positions whose token is padding get whatever the model
-  says; callers mask them with their loss mask.
-  """
-  logits = model(tokens, attention_mask=attention_mask)[:, :-1].astype(jnp.float32)
-  tgt = tokens[:, 1:]
+
+def _chunk_logprobs(head, h, tgt, temperature, with_entropy):
+  """(logp, entropy or None) of one block: h [B,c,D], tgt [B,c]."""
+  logits = head(h)
+  if temperature != 1.0:
+    logits = logits / temperature
+  lse = jax.nn.logsumexp(logits, axis=-1)
   picked = jnp.take_along_axis(logits, tgt[..., None], axis=-1)[..., 0]
-  lp = picked - jax.nn.logsumexp(logits, axis=-1)
-  return jnp.concatenate([jnp.zeros_like(lp[:, :1]), lp], axis=1)
+  if not with_entropy:
+    return picked - lse, None
+  probs = jnp.exp(logits - lse[..., None])
+  return picked - lse, lse - jnp.sum(probs * logits, axis=-1)
+
+
+def logprobs_from_hidden(head, h, tokens, *, temperature: float = 1.0,
+                         with_entropy: bool = False, chunk: int = 0):
+  """Next-token log-probs (and entropies) from final hidden states.
+
+  Args:
+    head: hidden [...,D] -> fp32 logits [...,V] (`Qwen3.head`).
+    h: [B,T,D] final hidden states; h[:, t-1] predicts tokens[:, t].
+    tokens: [B,T] int.
+    temperature: logits are divided by it before the softmax.
+    with_entropy: also return each position's predictive entropy.
+    chunk: > 0 = sequence positions per block (each block under
+      `jax.checkpoint`, so its logits are recomputed in the backward pass);
+      0 = all positions at once.
+
+  Returns:
+    logp [B,T] (0 at t = 0), and entropy [B,T] if asked.
+  """
+  h, tgt = h[:, :-1], tokens[:, 1:]
+  b, t1 = tgt.shape
+  fn = functools.partial(_chunk_logprobs, head, temperature=temperature,
+                         with_entropy=with_entropy)
+  if chunk <= 0 or chunk >= t1:
+    lp, ent = fn(h, tgt)
+  else:
+    n = -(-t1 // chunk)
+    pad = n * chunk - t1
+    hb = jnp.pad(h, ((0, 0), (0, pad), (0, 0))).reshape(b, n, chunk, -1)
+    tb = jnp.pad(tgt, ((0, 0), (0, pad))).reshape(b, n, chunk)
+
+    @jax.checkpoint
+    def body(_, xs):
+      lp_c, ent_c = fn(*xs)
+      return None, (lp_c, lp_c if ent_c is None else ent_c)
+
+    _, (lp, ent) = jax.lax.scan(body, None, (jnp.moveaxis(hb, 1, 0),
+                                             jnp.moveaxis(tb, 1, 0)))
+    lp = jnp.moveaxis(lp, 0, 1).reshape(b, -1)[:, :t1]
+    ent = jnp.moveaxis(ent, 0, 1).reshape(b, -1)[:, :t1] if with_entropy else None
+  pad1 = lambda x: jnp.pad(x, ((0, 0), (1, 0)))
+  if not with_entropy:
+    return pad1(lp)
+  return pad1(lp), pad1(ent)

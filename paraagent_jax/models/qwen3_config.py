@@ -56,6 +56,16 @@ class Qwen3Config:
   # this many tokens, each over its key prefix only (exact; skips the upper
   # triangle). 0 = one dense [T,T] score matrix. See `_attend_blocked`.
   attention_block: int = 0
+  # Attention implementation (`paraagent_jax.models.attention`): "auto" (splash
+  # on TPU, cuDNN on GPU for bf16/fp16, chunked otherwise), "reference" (the
+  # einsum path; `attention_block` applies to it), "chunked", "xla", "cudnn",
+  # "splash". The KV-cache path is chunked unless this is "reference".
+  attention: str = "auto"
+  # Block size of the chunked/splash kernels and of the cache attention.
+  attention_chunk: int = 512
+  # > 0: `token_logprobs` runs the LM head + log-softmax over this many
+  # positions at a time (never a [B,T,V] fp32 array). 0 = all at once.
+  logits_chunk: int = 512
 
   def __post_init__(self):
     if self.num_heads % self.num_kv_heads:
@@ -67,6 +77,13 @@ class Qwen3Config:
       raise ValueError(f"remat={self.remat!r}; expected 'none', 'full' or 'dots'")
     if self.attention_block < 0:
       raise ValueError(f"attention_block={self.attention_block} must be >= 0")
+    known = ("auto", "reference", "chunked", "xla", "cudnn", "splash")
+    if self.attention not in known:
+      raise ValueError(f"attention={self.attention!r}; expected one of {known}")
+    if self.attention_chunk < 1:
+      raise ValueError(f"attention_chunk={self.attention_chunk} must be >= 1")
+    if self.logits_chunk < 0:
+      raise ValueError(f"logits_chunk={self.logits_chunk} must be >= 0")
 
   @classmethod
   def preset(cls, name: str, **overrides) -> "Qwen3Config":

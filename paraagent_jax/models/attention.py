@@ -1,0 +1,436 @@
+"""Attention implementations for the Qwen3 model, chosen by `Qwen3Config.attention`.
+
+Two kinds of attention run in the model:
+
+* **Self-attention of a cache-free forward** (SFT, the GRPO loss, scoring):
+  causal, grouped-query, with segment ids (packed rows: no attention across
+  segments) and a key padding mask. `self_attention` dispatches it to:
+
+  - ``"reference"``: the einsum path, dense `[B,K,G,T,S]` fp32 scores (with
+    `attention_block` > 0, in causal query blocks). The ground truth of the
+    tests; memory grows with T^2.
+  - ``"chunked"``: flash attention in pure JAX (`flash_attention`): an online
+    softmax over key blocks inside query blocks, with a custom VJP that
+    recomputes scores block by block. Holds `[B,K,G,bq,bk]` scores and the
+    per-row log-sum-exp, never T^2; skips the blocks above the diagonal.
+    Runs on every backend; the default on the CPU (and so in the dry run).
+  - ``"xla"``: `jax.nn.dot_product_attention(implementation="xla")` with a
+    dense boolean mask (T^2 memory; a library cross-check).
+  - ``"cudnn"``: `jax.nn.dot_product_attention(implementation="cudnn")` (cuDNN
+    flash attention on NVIDIA GPUs; bf16/fp16 only). cuDNN's mask here is
+    causal + per-row key length, so rows must be right-padded and unpacked;
+    with segment ids the call falls back to ``"chunked"``.
+  - ``"splash"``: the Pallas TPU splash-attention kernel
+    (`jax.experimental.pallas.ops.tpu.splash_attention`) with causal mask and
+    segment ids, run per shard under `shard_map` when the model is sharded.
+  - ``"auto"`` (default): splash on TPU, cuDNN on GPU for bf16/fp16 models,
+    chunked otherwise.
+
+* **Attention over the KV cache** (prefill, continuation, decode):
+  `cache_attention` reads the cache in place, key block by key block, up to
+  the longest live row (a dynamic bound), with an online softmax. Its
+  temporaries are one block of keys/values and its scores: the decode program
+  never copies the cache.
+
+All paths keep softmax statistics in fp32. Layouts: q [B,T,N,H], fresh k/v
+[B,S,K,H] ("BSKH"), cache layers [B,K,S,H]; N = K * G query heads.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from paraagent_jax import sharding as shd
+
+# Finite "minus infinity": a query with no visible key (a left-padding
+# position) then gets a uniform softmax in the reference path instead of NaN.
+MASK_VALUE = -1e30
+
+IMPLEMENTATIONS = ("auto", "reference", "chunked", "xla", "cudnn", "splash")
+
+
+def resolve(name: str, dtype=jnp.float32, platform: str | None = None) -> str:
+  """The concrete implementation `name` stands for on `platform`.
+
+  ``"auto"`` is splash on TPU, cuDNN on GPU for bf16/fp16 compute, chunked
+  otherwise. Unknown names raise ValueError listing the known ones.
+  """
+  if name not in IMPLEMENTATIONS:
+    raise ValueError(f"attention={name!r}; expected one of {IMPLEMENTATIONS}")
+  if name != "auto":
+    return name
+  platform = platform or jax.default_backend()
+  if platform == "tpu":
+    return "splash"
+  if platform in ("gpu", "cuda", "rocm") and jnp.dtype(dtype) in (
+      jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+    return "cudnn"
+  return "chunked"
+
+
+# --------------------------------------------------------------------------
+# Masks shared by every path.
+
+def row_segments(attention_mask, segment_ids, b: int, t: int):
+  """[B,T] int32 ids: equal ids may attend (causally); padding is id 0.
+
+  Real tokens get `segment_ids` (default 1) and padding gets 0, so a padding
+  query sees only padding keys (its output is garbage either way) and a real
+  query never sees padding. The reference path's mask is the same for every
+  real query.
+  """
+  seg = (jnp.ones((b, t), jnp.int32) if segment_ids is None
+         else jnp.asarray(segment_ids, jnp.int32) + 1)
+  if attention_mask is not None:
+    seg = jnp.where(jnp.asarray(attention_mask) > 0, seg, 0)
+  return seg
+
+
+def dense_mask(seg):
+  """[B,T,T] bool: causal and same segment (the reference path's mask)."""
+  t = seg.shape[1]
+  causal = jnp.tril(jnp.ones((t, t), bool))[None]
+  return causal & (seg[:, :, None] == seg[:, None, :])
+
+
+# --------------------------------------------------------------------------
+# Reference: dense einsum.
+
+def reference(q, k, v, mask_bts, kv_layout: str = "BSKH"):
+  """Grouped-query attention with dense scores; softmax in fp32. [B,T,N,H].
+
+  `kv_layout` names the layout of k and v: "BSKH" (fresh projections) or
+  "BKSH" (a cache layer). `mask_bts` [B,T,S] bool says which keys a query sees.
+  """
+  b, t, n, h = q.shape
+  kh = k.shape[kv_layout.index("K")]
+  qg = q.reshape(b, t, kh, n // kh, h)
+  scores = jnp.einsum(f"BTKGH,{kv_layout}->BKGTS", qg, k,
+                      preferred_element_type=jnp.float32) * (h ** -0.5)
+  scores = jnp.where(mask_bts[:, None, None], scores, MASK_VALUE)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+  out = jnp.einsum(f"BKGTS,{kv_layout}->BTKGH", probs, v)
+  return out.reshape(b, t, n, h)
+
+
+def reference_blocked(q, k, v, mask_bts, block: int):
+  """`reference` of a causal forward in query blocks over their key prefix.
+
+  Queries [s, s+block) attend to keys [0, s+block) only: the later keys are
+  masked for every one of them, so this is the dense math (up to rounding)
+  with about half the score entries, and much faster on the CPU (the dense
+  [T,T] scores of a head do not fit in cache; `benchmarks/attention_bench.py`).
+  """
+  t = q.shape[1]
+  outs = []
+  for s in range(0, t, block):
+    e = min(t, s + block)
+    outs.append(reference(q[:, s:e], k[:, :e], v[:, :e], mask_bts[:, s:e, :e]))
+  return jnp.concatenate(outs, axis=1)
+
+
+# --------------------------------------------------------------------------
+# Chunked flash attention in pure JAX (custom VJP).
+
+def _blocks(x, n, size, axis=1):
+  """Splits `axis` of x into [n, size] (moved to the front: [n, ..., size, ...])."""
+  shape = x.shape[:axis] + (n, size) + x.shape[axis + 1:]
+  return jnp.moveaxis(x.reshape(shape), axis, 0)
+
+
+def _block_scores(qb, kb, qseg, kseg, qi, kj, bq, bk, scale):
+  """Scores [B,K,G,bq,bk] (fp32, scaled) and the visibility mask."""
+  s = jnp.einsum("BTKGH,BSKH->BKGTS", qb, kb,
+                 preferred_element_type=jnp.float32) * scale
+  qpos = qi * bq + jnp.arange(bq)
+  kpos = kj * bk + jnp.arange(bk)
+  vis = (kpos[None, :] <= qpos[:, None])[None] & (
+      qseg[:, :, None] == kseg[:, None, :])                      # [B,bq,bk]
+  return s, vis[:, None, None]
+
+
+def _flash_fwd_impl(q, k, v, qseg, kseg, bq, bk):
+  """Forward: (out [B,T,K,G,H], lse [B,K,G,T]); T divisible by bq and bk."""
+  b, t, kh, g, h = q.shape
+  nq, nk = t // bq, t // bk
+  scale = h ** -0.5
+  kblk, vblk, ksegb = _blocks(k, nk, bk), _blocks(v, nk, bk), _blocks(kseg, nk, bk)
+
+  def q_block(_, xs):
+    qi, qb, qsb = xs
+    m0 = jnp.full((b, kh, g, bq), MASK_VALUE, jnp.float32)
+    l0 = jnp.zeros((b, kh, g, bq), jnp.float32)
+    acc0 = jnp.zeros((b, kh, g, bq, h), jnp.float32)
+
+    def kv_step(kj, carry):
+      m, l, acc = carry
+      s, vis = _block_scores(qb, kblk[kj], qsb, ksegb[kj], qi, kj, bq, bk, scale)
+      s = jnp.where(vis, s, MASK_VALUE)
+      m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+      p = jnp.where(vis, jnp.exp(s - m_new[..., None]), 0.0)
+      corr = jnp.exp(m - m_new)
+      l = l * corr + jnp.sum(p, axis=-1)
+      pv = jnp.einsum("BKGTS,BSKH->BKGTH", p.astype(v.dtype), vblk[kj],
+                      preferred_element_type=jnp.float32)
+      return m_new, l, acc * corr[..., None] + pv
+
+    # Causal: key blocks past this query block's last row are all masked.
+    n_kv = jnp.minimum(nk, ((qi + 1) * bq - 1) // bk + 1)
+    m, l, acc = jax.lax.fori_loop(0, n_kv, kv_step, (m0, l0, acc0))
+    l_safe = jnp.maximum(l, 1e-30)
+    out = (acc / l_safe[..., None]).astype(q.dtype)            # [B,K,G,bq,H]
+    lse = m + jnp.log(l_safe)
+    return None, (jnp.moveaxis(out, 3, 1), lse)                # [B,bq,K,G,H]
+
+  xs = (jnp.arange(nq), _blocks(q, nq, bq), _blocks(qseg, nq, bq))
+  _, (out, lse) = jax.lax.scan(q_block, None, xs)
+  out = jnp.moveaxis(out, 0, 1).reshape(b, t, kh, g, h)
+  lse = jnp.moveaxis(lse, 0, 3).reshape(b, kh, g, t)
+  return out, lse
+
+
+def _flash_bwd_impl(q, k, v, qseg, kseg, out, lse, dout, bq, bk):
+  """Gradients (dq, dk, dv), recomputing the probabilities block by block."""
+  b, t, kh, g, h = q.shape
+  nq, nk = t // bq, t // bk
+  scale = h ** -0.5
+  # D_i = sum_h dO_i * O_i: the softmax-gradient correction per query row.
+  delta = jnp.einsum("BTKGH,BTKGH->BKGT", dout.astype(jnp.float32),
+                     out.astype(jnp.float32))
+  qblk, qsegb, doblk = _blocks(q, nq, bq), _blocks(qseg, nq, bq), _blocks(dout, nq, bq)
+  lseb, deltab = _blocks(lse, nq, bq, axis=3), _blocks(delta, nq, bq, axis=3)
+  kblk, vblk, ksegb = _blocks(k, nk, bk), _blocks(v, nk, bk), _blocks(kseg, nk, bk)
+
+  def probs_and_ds(qi, kj):
+    s, vis = _block_scores(qblk[qi], kblk[kj], qsegb[qi], ksegb[kj], qi, kj,
+                           bq, bk, scale)
+    p = jnp.where(vis, jnp.exp(s - lseb[qi][..., None]), 0.0)   # [B,K,G,bq,bk]
+    dp = jnp.einsum("BTKGH,BSKH->BKGTS", doblk[qi], vblk[kj],
+                    preferred_element_type=jnp.float32)
+    ds = p * (dp - deltab[qi][..., None])
+    return p, ds
+
+  def dq_block(_, qi):
+    def kv_step(kj, dq):
+      _, ds = probs_and_ds(qi, kj)
+      return dq + jnp.einsum("BKGTS,BSKH->BTKGH", ds, kblk[kj].astype(jnp.float32))
+    n_kv = jnp.minimum(nk, ((qi + 1) * bq - 1) // bk + 1)
+    dq = jax.lax.fori_loop(0, n_kv, kv_step,
+                           jnp.zeros((b, bq, kh, g, h), jnp.float32))
+    return None, (dq * scale).astype(q.dtype)
+
+  def dkv_block(_, kj):
+    def q_step(qi, carry):
+      dk, dv = carry
+      p, ds = probs_and_ds(qi, kj)
+      dv = dv + jnp.einsum("BKGTS,BTKGH->BSKH", p, doblk[qi].astype(jnp.float32))
+      dk = dk + jnp.einsum("BKGTS,BTKGH->BSKH", ds, qblk[qi].astype(jnp.float32))
+      return dk, dv
+    zeros = jnp.zeros((b, bk, kh, h), jnp.float32)
+    first_q = (kj * bk) // bq          # earlier query blocks see none of these keys
+    dk, dv = jax.lax.fori_loop(first_q, nq, q_step, (zeros, zeros))
+    return None, ((dk * scale).astype(k.dtype), dv.astype(v.dtype))
+
+  _, dq = jax.lax.scan(dq_block, None, jnp.arange(nq))
+  _, (dk, dv) = jax.lax.scan(dkv_block, None, jnp.arange(nk))
+  unblock = lambda x: jnp.moveaxis(x, 0, 1).reshape((b, t) + x.shape[3:])
+  return unblock(dq), unblock(dk), unblock(dv)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def _flash(q, k, v, qseg, kseg, bq, bk):
+  return _flash_fwd_impl(q, k, v, qseg, kseg, bq, bk)[0]
+
+
+def _flash_fwd(q, k, v, qseg, kseg, bq, bk):
+  out, lse = _flash_fwd_impl(q, k, v, qseg, kseg, bq, bk)
+  return out, (q, k, v, qseg, kseg, out, lse)
+
+
+def _flash_bwd(bq, bk, res, dout):
+  q, k, v, qseg, kseg, out, lse = res
+  dq, dk, dv = _flash_bwd_impl(q, k, v, qseg, kseg, out, lse, dout, bq, bk)
+  zero_seg = np.zeros(qseg.shape, jax.dtypes.float0)
+  return dq, dk, dv, zero_seg, zero_seg
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+def flash_attention(q, k, v, seg, block: int = 512):
+  """Causal grouped-query attention with segment ids, in blocks. [B,T,N,H].
+
+  Args:
+    q: [B,T,N,H] queries; k, v: [B,T,K,H] keys and values of the same tokens.
+    seg: [B,T] int segment ids (`row_segments`): query i sees key j <= i with
+      seg[j] == seg[i].
+    block: query and key block size (rows are padded up to a multiple).
+
+  Memory: scores of one [block, block] tile per (batch, head), plus the
+  per-row log-sum-exp saved for the backward pass.
+  """
+  b, t, n, h = q.shape
+  kh = k.shape[2]
+  bs = min(block, t)
+  tp = -(-t // bs) * bs
+  qg = q.reshape(b, t, kh, n // kh, h)
+  if tp != t:                     # padded rows see nothing and are cut off
+    pad = ((0, 0), (0, tp - t), (0, 0), (0, 0))
+    qg = jnp.pad(qg, pad + ((0, 0),))
+    k, v = jnp.pad(k, pad), jnp.pad(v, pad)
+  qseg = jnp.pad(seg, ((0, 0), (0, tp - t)), constant_values=-1)
+  kseg = jnp.pad(seg, ((0, 0), (0, tp - t)), constant_values=-2)
+  out = _flash(qg, k, v, qseg, kseg, bs, bs)
+  return out[:, :t].reshape(b, t, n, h)
+
+
+# --------------------------------------------------------------------------
+# Library kernels.
+
+def xla_attention(q, k, v, seg):
+  """`jax.nn.dot_product_attention` (XLA) with the dense causal+segment mask."""
+  return jax.nn.dot_product_attention(
+      q, k, v, mask=dense_mask(seg)[:, None], implementation="xla")
+
+
+def cudnn_attention(q, k, v, attention_mask):
+  """cuDNN flash attention: causal, right-padded rows (key lengths per row)."""
+  b, t = q.shape[:2]
+  lengths = (jnp.full((b,), t, jnp.int32) if attention_mask is None
+             else jnp.sum(jnp.asarray(attention_mask) > 0, axis=1).astype(jnp.int32))
+  return jax.nn.dot_product_attention(
+      q, k, v, is_causal=True, query_seq_lengths=lengths,
+      key_value_seq_lengths=lengths, implementation="cudnn")
+
+
+def splash_attention(q, k, v, seg, *, interpret: bool = False, block: int = 512):
+  """The Pallas TPU splash kernel: causal, segment ids, GQA. [B,T,N,H].
+
+  Runs on one shard's arrays (see `self_attention` for the shard_map).
+  `interpret=True` runs the kernel in the Pallas interpreter (CPU tests).
+  """
+  from jax.experimental.pallas.ops.tpu.splash_attention import (  # pylint: disable=g-import-not-at-top
+      splash_attention_kernel as sk, splash_attention_mask as sm)
+  b, t, n, h = q.shape
+  bs = min(block, t)
+  sizes = sk.BlockSizes(block_q=bs, block_kv=bs, block_kv_compute=bs,
+                        block_q_dkv=bs, block_kv_dkv=bs, block_kv_dkv_compute=bs,
+                        block_q_dq=bs, block_kv_dq=bs)
+  mask = sm.MultiHeadMask([sm.CausalMask((t, t)) for _ in range(n)])
+  kernel = sk.make_splash_mha(mask, block_sizes=sizes, head_shards=1,
+                              q_seq_shards=1, interpret=interpret)
+  qt = jnp.swapaxes(q * (h ** -0.5), 1, 2)          # [B,N,T,H]; splash does not scale
+  kt, vt = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
+  out = jax.vmap(lambda a, b_, c, s: kernel(a, b_, c, segment_ids=sk.SegmentIds(s, s)))(
+      qt, kt, vt, seg)
+  return jnp.swapaxes(out, 1, 2)
+
+
+def _sharded(fn, q, k, v, seg, ctx):
+  """Runs `fn` per shard under shard_map (Pallas kernels do not partition)."""
+  if ctx is None:
+    return fn(q, k, v, seg)
+  mesh, rules = ctx
+  if mesh is None or mesh.size == 1:
+    return fn(q, k, v, seg)
+  spec = lambda axes, x: shd.logical_to_spec(axes, x.shape, mesh, rules)
+  qs = spec(("batch", None, "act_heads", None), q)
+  ks = spec(("batch", None, "act_kv_heads", None), k)
+  ss = spec(("batch", None), seg)
+  return jax.shard_map(fn, mesh=mesh, in_specs=(qs, ks, ks, ss), out_specs=qs,
+                       check_vma=False)(q, k, v, seg)
+
+
+def self_attention(q, k, v, *, attention_mask, segment_ids, impl: str,
+                   block: int, reference_block: int = 0, ctx=None,
+                   dtype=jnp.float32):
+  """Causal self-attention of a cache-free forward, by `impl`. [B,T,N,H]."""
+  b, t = q.shape[:2]
+  impl = resolve(impl, dtype)
+  seg = row_segments(attention_mask, segment_ids, b, t)
+  if impl == "reference":
+    mask = dense_mask(seg)
+    if 0 < reference_block < t:
+      return reference_blocked(q, k, v, mask, reference_block)
+    return reference(q, k, v, mask)
+  if impl == "xla":
+    return xla_attention(q, k, v, seg)
+  if impl == "cudnn" and segment_ids is None:
+    return cudnn_attention(q, k, v, attention_mask)
+  if impl == "splash":
+    return _sharded(functools.partial(splash_attention, block=block), q, k, v,
+                    seg, ctx)
+  return flash_attention(q, k, v, seg, block)
+
+
+# --------------------------------------------------------------------------
+# Attention over the KV cache, in place.
+
+def cache_attention(q, k_cache, v_cache, positions, bound, block: int = 256,
+                    layer=None):
+  """Queries attend to cache slots j <= their position, read block by block.
+
+  Args:
+    q: [B,T,N,H] queries of the chunk just written to the cache.
+    k_cache, v_cache: one layer's cache [B,K,S,H] (already holding the chunk),
+      or, with `layer`, the stacked cache [L,B,K,S,H]: blocks are then sliced
+      straight out of the stack (no copy of the layer).
+    positions: [B,T] int32, the slot of each query (it sees slots <= it).
+    bound: int32 scalar, one more than the largest slot any real query reads
+      (the longest live row): blocks from there on are not read.
+    block: slots per block.
+    layer: None, or the (int or traced) layer index into a stacked cache.
+
+  Returns:
+    [B,T,N,H]. Equal to `reference` over the whole cache with the same mask
+    (up to float rounding); only one [B,K,block,H] slice of the cache and its
+    [B,K,G,T,block] scores are live at a time.
+  """
+  b, t, n, h = q.shape
+  kh, s = k_cache.shape[-3], k_cache.shape[-2]
+  bk = min(block, s)
+
+  def read(cache, start):
+    if layer is None:
+      return jax.lax.dynamic_slice_in_dim(cache, start, bk, axis=2)
+    zero = jnp.zeros((), jnp.int32)
+    idx = (jnp.asarray(layer, jnp.int32), zero, zero, start, zero)
+    return jax.lax.dynamic_slice(cache, idx, (1, b, kh, bk, h))[0]
+
+  qg = q.reshape(b, t, kh, n // kh, h)
+  scale = h ** -0.5
+  n_blocks = jnp.minimum((jnp.asarray(bound, jnp.int32) + bk - 1) // bk,
+                         -(-s // bk))
+
+  def step(j, carry):
+    m, l, acc = carry
+    # dynamic_slice clamps the last block to [s - bk, s): slots below j * bk
+    # were read by the previous block, so they are masked out here.
+    start = jnp.minimum(j * bk, s - bk)
+    kb, vb = read(k_cache, start), read(v_cache, start)
+    sc = jnp.einsum("BTKGH,BKSH->BKGTS", qg, kb.astype(q.dtype),
+                    preferred_element_type=jnp.float32) * scale
+    slots = start + jnp.arange(bk)
+    vis = (slots[None, None, :] <= positions[:, :, None]) & (
+        slots >= j * bk)[None, None, :]                          # [B,T,bk]
+    vis = vis[:, None, None]
+    sc = jnp.where(vis, sc, MASK_VALUE)
+    m_new = jnp.maximum(m, jnp.max(sc, axis=-1))
+    p = jnp.where(vis, jnp.exp(sc - m_new[..., None]), 0.0)
+    corr = jnp.exp(m - m_new)
+    l = l * corr + jnp.sum(p, axis=-1)
+    pv = jnp.einsum("BKGTS,BKSH->BKGTH", p.astype(q.dtype), vb.astype(q.dtype),
+                    preferred_element_type=jnp.float32)
+    return m_new, l, acc * corr[..., None] + pv
+
+  g = n // kh
+  init = (jnp.full((b, kh, g, t), MASK_VALUE, jnp.float32),
+          jnp.zeros((b, kh, g, t), jnp.float32),
+          jnp.zeros((b, kh, g, t, h), jnp.float32))
+  _, l, acc = jax.lax.fori_loop(0, n_blocks, step, init)
+  out = acc / jnp.maximum(l, 1e-30)[..., None]                  # [B,K,G,T,H]
+  return jnp.moveaxis(out, 3, 1).reshape(b, t, n, h).astype(q.dtype)
