@@ -1,16 +1,18 @@
-"""SFT train-step speed: dense causal attention vs causal query blocks.
+"""SFT train-step speed of the attention implementations (`model.attention`).
 
-One jitted forward + backward of the SFT loss (`sft_loss.sft_loss`) on the
-model `configs/demo.py` trains (4 layers, hidden 128, 2 heads, 1 KV head,
-head_dim 32, vocab 4096), a batch of full rows, with
-`Qwen3Config.attention_block` = 0 (one dense [T,T] score matrix a head) and
-the block sizes given. Variants are timed interleaved (one call each per
-round) so that outside load hits them alike; the table gives the median of
-`--reps` rounds, the speed-up over dense and the largest loss and gradient
-differences from dense (the blocked form is the same math).
+One jitted forward + backward of the SFT loss (`sft_loss.sft_loss`) on a
+small model (4 layers, hidden 128, 2 heads, 1 KV head, head_dim 32, vocab
+4096), a batch of full rows, for each variant `IMPL[:BLOCK]`:
+`reference` (one dense [T,T] score matrix a head), `reference:N` (causal
+query blocks of N, `attention_block`), `chunked:N` (flash attention in
+blocks of N, `attention_chunk`), `xla` (jax.nn.dot_product_attention).
+Variants are timed interleaved (one call each per round) so that outside
+load hits them alike; the table gives the median of `--reps` rounds, the
+speed-up over the first variant, the largest loss and gradient differences
+from it, and the compiled temporaries of the step.
 
-  .venv/bin/python benchmarks/attention_bench.py
-  .venv/bin/python benchmarks/attention_bench.py --seq=512 --blocks=64,128,256
+  python benchmarks/attention_bench.py
+  python benchmarks/attention_bench.py --seq=512 --variants=reference,chunked:128
 """
 
 from __future__ import annotations
@@ -49,7 +51,9 @@ def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--batch", type=int, default=8)
   ap.add_argument("--seq", type=int, default=1024)
-  ap.add_argument("--blocks", default="64,128,256")
+  ap.add_argument("--variants",
+                  default="reference,reference:128,chunked:128,chunked:256,"
+                          "chunked:512")
   ap.add_argument("--reps", type=int, default=5)
   args = ap.parse_args(argv)
   b, t = args.batch, args.seq
@@ -62,36 +66,42 @@ def main(argv=None):
   attention_mask = jnp.asarray(attention_mask)
   base = dict(vocab_size=4096, hidden_size=128, intermediate_size=512,
               num_layers=4, num_heads=2, num_kv_heads=1, head_dim=32)
-  variants = [0] + [int(x) for x in args.blocks.split(",") if x]
-  steps, outs = {}, {}
-  for blk in variants:
-    cfg = qwen3.Qwen3Config.preset("demo", attention_block=blk, **base)
+  variants = [v for v in args.variants.split(",") if v]
+  steps, outs, temps = {}, {}, {}
+  for name in variants:
+    impl, _, blk = name.partition(":")
+    opts = dict(attention=impl, logits_chunk=0)
+    if blk:
+      opts["attention_block" if impl == "reference" else "attention_chunk"] = int(blk)
+    cfg = qwen3.Qwen3Config.preset("demo", **opts, **base)
     step, state = make_step(cfg, tokens, loss_mask, attention_mask)
     t0 = time.perf_counter()
-    outs[blk] = jax.block_until_ready(step(state))
-    print(f"block {blk}: compiled in {time.perf_counter() - t0:.1f} s", flush=True)
-    steps[blk] = (step, state)
-  times = {blk: [] for blk in variants}
+    temps[name] = step.lower(state).compile().memory_analysis().temp_size_in_bytes
+    outs[name] = jax.block_until_ready(step(state))
+    print(f"{name}: compiled in {time.perf_counter() - t0:.1f} s", flush=True)
+    steps[name] = (step, state)
+  times = {name: [] for name in variants}
   for _ in range(args.reps):
-    for blk in variants:
-      step, state = steps[blk]
+    for name in variants:
+      step, state = steps[name]
       t0 = time.perf_counter()
       jax.block_until_ready(step(state))
-      times[blk].append(time.perf_counter() - t0)
-  dense_s = statistics.median(times[0])
-  l0, g0 = outs[0]
+      times[name].append(time.perf_counter() - t0)
+  first = variants[0]
+  base_s = statistics.median(times[first])
+  l0, g0 = outs[first]
   print(f"\nSFT fwd+bwd, batch {b} x {t} tokens, {jax.devices()[0].platform}, "
         f"median of {args.reps}; load average {os.getloadavg()[0]:.1f}")
-  print("| attention | s/step | tokens/s | vs dense | max |loss diff| | max |grad diff| |")
-  print("|---|---|---|---|---|---|")
-  for blk in variants:
-    s = statistics.median(times[blk])
-    l, g = outs[blk]
+  print(f"| attention | s/step | tokens/s | vs {first} | temporaries MiB | "
+        "max |loss diff| | max |grad diff| |")
+  print("|---|---|---|---|---|---|---|")
+  for name in variants:
+    sec = statistics.median(times[name])
+    l, g = outs[name]
     gd = max(float(jnp.max(jnp.abs(x - y))) for x, y in
              zip(jax.tree.leaves(g), jax.tree.leaves(g0)))
-    name = "dense" if blk == 0 else f"blocks of {blk}"
-    print(f"| {name} | {s:.3f} | {b * t / s:,.0f} | {dense_s / s:.2f}x | "
-          f"{abs(float(l) - float(l0)):.1e} | {gd:.1e} |")
+    print(f"| {name} | {sec:.3f} | {b * t / sec:,.0f} | {base_s / sec:.2f}x | "
+          f"{temps[name] / 2**20:,.0f} | {abs(float(l) - float(l0)):.1e} | {gd:.1e} |")
 
 
 if __name__ == "__main__":

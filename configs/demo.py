@@ -88,7 +88,9 @@ def get_config(arg=None):
     c.model.num_heads = 4
     c.model.num_kv_heads = 4
     c.model.head_dim = 32
-    c.model.attention_block = 128   # causal query blocks: ~1.6x faster steps
+    # model.attention "auto" is the chunked flash path on the CPU: in blocks
+    # of 256 it is as fast as the reference path's causal query blocks of 128
+    # and holds less (benchmarks/attention_bench.py, docs/benchmarks.md).
 
   # Demonstrations (stage "demos" and the SFT data source).
   c.data.source = "demonstrations"

@@ -16,10 +16,10 @@ by the dry run, not on real TPUs::
 
   python -m paraagent_jax.train --config=configs/paraagent_4b.py --dry_run --fake_devices=64
 
-The paper-style lengths do NOT fit yet (README "Scale": the model materialises
-[B, N, T, T] attention scores, 128 GiB per layer per chip at rl.max_len=16384);
-``num_micro_batches=8,rl.max_len=4096,rl.tasks_per_iter=32`` fits a v5p-64
-(43 GB peak per chip).
+The paper-style lengths fit both slices by the dry run's compiled memory
+analysis (docs/scale.md): chunked attention and log-probs
+(``model.attention``, ``model.logits_chunk``), a decode that reads the KV
+cache in place, and RL micro-batches of one episode per chip.
 """
 
 from paraagent_jax import config_utils
@@ -97,6 +97,9 @@ def get_config(arg=None):
   c.rl.eval_every = 20
   c.rl.eval_tasks = 500
   c.rl.grpo.levels = "traj,phase,step"
+  # One 16k-token episode per chip per micro-batch (512 episodes over 32
+  # batch shards): the RL step's activations stay ~10 GB a chip.
+  c.rl.num_micro_batches = 16
   # No KL term: beta > 0 would keep a frozen copy of the starting policy on
   # every device and run its forward pass each step; the clip-higher
   # (0.2 / 0.28) defaults bound the update.

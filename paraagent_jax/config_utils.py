@@ -274,7 +274,7 @@ def train_defaults() -> ml_collections.ConfigDict:
   # paraagent_jax/models/attention.py; auto = splash on TPU, cuDNN on GPU for
   # bf16, chunked otherwise) and the block size of the chunked kernels.
   c.model.attention = "auto"
-  c.model.attention_chunk = 512
+  c.model.attention_chunk = 256
   # LM head + log-softmax over this many positions at a time (0 = all).
   c.model.logits_chunk = 512
 

@@ -167,7 +167,9 @@ def grpo_config(config) -> dict:
   if isinstance(levels, str):
     levels = tuple(s.strip() for s in levels.split(",") if s.strip())
   gcfg["levels"] = tuple(levels)
-  gcfg["num_micro_batches"] = config.num_micro_batches
+  # As the RL stage: rl.num_micro_batches, 0 = the SFT setting.
+  gcfg["num_micro_batches"] = (int(config.rl.get("num_micro_batches", 0))
+                               or config.num_micro_batches)
   return gcfg
 
 
@@ -330,10 +332,11 @@ def run_dry(config, *, do_compile: bool | Sequence[str] = True,
 def largest_activations(config, model_cfg, mesh) -> dict[str, int]:
   """Bytes per device of the biggest single activations, counted by hand.
 
-  The attention of `models.qwen3` materialises fp32 scores [B, N, T, S] per
-  layer, and the loss needs fp32 logits [B, T, V]: at long contexts these, not
-  the weights, decide whether a step fits. B is a micro-batch's rows on one
-  device, N the heads on one device.
+  Attention scores are fp32 [B, N, T, S] per layer with the dense paths
+  (`model.attention` "reference" or "xla") and one [B, N, block, block] tile
+  with the chunked/splash kernels; the loss's fp32 logits are [B, T, V], or
+  [B, logits_chunk, V] with chunked log-probs. B is a micro-batch's rows on
+  one device, N the heads on one device.
   """
   dp = mesh.shape["data"] * mesh.shape["fsdp"]
   tp = mesh.shape["tensor"]
@@ -341,18 +344,23 @@ def largest_activations(config, model_cfg, mesh) -> dict[str, int]:
            else model_cfg.num_heads)
   vocab = (model_cfg.vocab_size // tp if model_cfg.vocab_size % tp == 0
            else model_cfg.vocab_size)
-  m = max(int(config.num_micro_batches), 1)
+  dense = model_cfg.attention in ("reference", "xla")
   rl = config.rl
   out = {}
-  for name, rows, t in (
-      ("sft", config.batch_size, config.seq_len),
-      ("rl", rl.tasks_per_iter * rl.group_size, rl.max_len)):
-    per = max(rows // (m * dp), 1)
-    out[f"{name} attention scores (1 layer)"] = 4 * per * heads * t * t
-    out[f"{name} logits"] = 4 * per * t * vocab
+  rl_micro = int(rl.get("num_micro_batches", 0)) or config.num_micro_batches
+  for name, rows, t, m in (
+      ("sft", config.batch_size, config.seq_len, config.num_micro_batches),
+      ("rl", rl.tasks_per_iter * rl.group_size, rl.max_len, rl_micro)):
+    per = max(rows // (max(int(m), 1) * dp), 1)
+    q = k = t if dense else min(model_cfg.attention_chunk, t)
+    what = "1 layer" if dense else f"1 tile of {q}"
+    out[f"{name} attention scores ({what})"] = 4 * per * heads * q * k
+    lt = model_cfg.logits_chunk or t
+    out[f"{name} logits ({min(lt, t)} positions)"] = 4 * per * min(lt, t) * vocab
   rows = max(rl.tasks_per_iter * rl.group_size // dp, 1)
-  out["prefill attention scores (1 layer, chunk 512)"] = (
-      4 * rows * heads * 512 * rl.max_len)
+  block = min(model_cfg.attention_chunk, rl.max_len)
+  out[f"prefill attention scores (chunk 512 x {block} slots)"] = (
+      4 * rows * heads * 512 * block)
   return out
 
 
@@ -360,9 +368,8 @@ def phase_peaks(report) -> dict[str, int]:
   """Bytes per device at the peak of each phase of a run.
 
   SFT holds params + AdamW + the step's temporaries. The rollout adds the KV
-  cache and the sampler's temporaries. The RL step runs while the policy
-  still holds its sampler state (`paraact.policies.JaxPolicy` keeps the last
-  cache until the next rollout), so the cache counts there too.
+  cache and the sampler's temporaries. The RL step runs after the rollout has
+  released the cache (`paraact.policies.JaxPolicy.release`).
   """
   base = report["params"] + report["opt_state"]
   progs = report["programs"]
@@ -373,7 +380,7 @@ def phase_peaks(report) -> dict[str, int]:
   rl_name = "rl" if "rl" in progs else "rl+ref"
   if rl_name in progs:
     ref = report["params"] if rl_name == "rl+ref" else 0
-    peaks["rl_step"] = base + ref + report["kv_cache"] + temp(rl_name)
+    peaks["rl_step"] = base + ref + temp(rl_name)
   return peaks
 
 

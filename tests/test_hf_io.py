@@ -21,11 +21,11 @@ from paraagent_jax.models import hf_io
 VOCAB = 96
 
 
-def make_hf(tmp_path, name, tied=True, kv=2, seed=0):
+def make_hf(tmp_path, name, tied=True, kv=2, seed=0, max_pos=128):
   cfg = transformers.Qwen3Config(
       vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=kv,
-      head_dim=8, tie_word_embeddings=tied, max_position_embeddings=128,
+      head_dim=8, tie_word_embeddings=tied, max_position_embeddings=max_pos,
       rope_theta=10000.0)
   torch.manual_seed(seed)
   model = transformers.Qwen3ForCausalLM(cfg).eval()
@@ -75,6 +75,27 @@ def test_logits_match_transformers_with_padding(tmp_path, tied, kv):
     ids, mask = batch(pad_side)
     got = np.asarray(ours(jnp.asarray(ids), attention_mask=jnp.asarray(mask)))
     assert_real_close(hf_logits(hf, ids, mask), got, mask)
+
+
+@pytest.mark.parametrize("attention", ["auto", "reference", "xla"])
+def test_logits_match_transformers_at_2048_tokens(tmp_path, attention):
+  """Rows of 2,048 tokens (right- and left-padded) through every CPU path.
+
+  "auto" is the chunked flash path here (blocks of 256, so 8 query blocks and
+  the causal block skipping are exercised); kv 2 of 4 heads is GQA 2.
+  """
+  hf, d = make_hf(tmp_path, "long", kv=2, max_pos=4096)
+  ours = hf_io.load_hf(d)
+  ours.config = ours.config.replace(attention=attention)
+  rng = np.random.RandomState(5)
+  t = 2048
+  ids = rng.randint(0, VOCAB, (2, t))
+  mask = np.ones_like(ids)
+  mask[0, t - 300:] = 0          # right padding
+  mask[1, :77] = 0               # left padding
+  ids = np.where(mask == 1, ids, 0)
+  got = np.asarray(ours(jnp.asarray(ids), attention_mask=jnp.asarray(mask)))
+  assert_real_close(hf_logits(hf, ids, mask), got, mask)
 
 
 def test_export_loads_in_transformers_and_roundtrip_is_exact(tmp_path):

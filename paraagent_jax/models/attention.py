@@ -370,6 +370,32 @@ def self_attention(q, k, v, *, attention_mask, segment_ids, impl: str,
 # --------------------------------------------------------------------------
 # Attention over the KV cache, in place.
 
+# A bfloat16 KV cache is stored as its uint16 bit patterns. XLA:CPU has no
+# bf16 scatter or dynamic-slice: it converts the whole cache to fp32 around
+# them and keeps that copy through the decode loop (2x the cache in
+# temporaries, which also made the dry run's rollout peaks meaningless).
+# Only the written chunk and the read blocks are bitcast, which is free.
+STORAGE = {jnp.dtype(jnp.bfloat16): jnp.dtype(jnp.uint16)}
+
+
+def storage_dtype(dtype):
+  """The dtype a KV cache of `dtype` is stored in."""
+  return STORAGE.get(jnp.dtype(dtype), jnp.dtype(dtype))
+
+
+def to_storage(x, storage):
+  """x (any float dtype) as cache storage of dtype `storage`."""
+  if jnp.dtype(storage) == jnp.uint16:
+    return jax.lax.bitcast_convert_type(x.astype(jnp.bfloat16), jnp.uint16)
+  return x.astype(storage)
+
+
+def from_storage(x):
+  """Cache storage back to floats (uint16 bits -> bfloat16)."""
+  if x.dtype == jnp.uint16:
+    return jax.lax.bitcast_convert_type(x, jnp.bfloat16)
+  return x
+
 def cache_attention(q, k_cache, v_cache, positions, bound, block: int = 256,
                     layer=None):
   """Queries attend to cache slots j <= their position, read block by block.
@@ -396,10 +422,12 @@ def cache_attention(q, k_cache, v_cache, positions, bound, block: int = 256,
 
   def read(cache, start):
     if layer is None:
-      return jax.lax.dynamic_slice_in_dim(cache, start, bk, axis=2)
-    zero = jnp.zeros((), jnp.int32)
-    idx = (jnp.asarray(layer, jnp.int32), zero, zero, start, zero)
-    return jax.lax.dynamic_slice(cache, idx, (1, b, kh, bk, h))[0]
+      out = jax.lax.dynamic_slice_in_dim(cache, start, bk, axis=2)
+    else:
+      zero = jnp.zeros((), jnp.int32)
+      idx = (jnp.asarray(layer, jnp.int32), zero, zero, start, zero)
+      out = jax.lax.dynamic_slice(cache, idx, (1, b, kh, bk, h))[0]
+    return from_storage(out)
 
   qg = q.reshape(b, t, kh, n // kh, h)
   scale = h ** -0.5

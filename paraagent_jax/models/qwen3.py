@@ -166,11 +166,12 @@ def _layer(p, x, rope_tab, mask, cfg: Qwen3Config, ctx, kv_write=None):
     # Advanced indices split by the kv-head slice: the update is [B,T,K,H].
     at = (b_idx, slice(None), slot) if layer is None else (
         layer, b_idx, slice(None), slot)
-    k_all = k_all.at[at].set(k.astype(k_all.dtype), mode="drop")
-    v_all = v_all.at[at].set(v.astype(v_all.dtype), mode="drop")
+    k_all = _scatter_rows(k_all, at, k)
+    v_all = _scatter_rows(v_all, at, v)
     positions, bound = mask
     if cfg.attention == "reference":
       k_l, v_l = (k_all, v_all) if layer is None else (k_all[layer], v_all[layer])
+      k_l, v_l = attn.from_storage(k_l), attn.from_storage(v_l)
       s = k_l.shape[2]
       vis = jnp.arange(s, dtype=jnp.int32)[None, None, :] <= positions[:, :, None]
       att = attn.reference(q, k_l.astype(dt), v_l.astype(dt), vis, "BKSH")
@@ -186,6 +187,11 @@ def _layer(p, x, rope_tab, mask, cfg: Qwen3Config, ctx, kv_write=None):
   x = x + jnp.einsum("BTF,FD->BTD", hidden, p["down_proj"].astype(dt))
   x = con(x, ("batch", "seq", "act_embed"))
   return x, k_all, v_all
+
+
+def _scatter_rows(cache, at, new):
+  """`cache.at[at].set(new)` in cache storage (out-of-range slots dropped)."""
+  return cache.at[at].set(attn.to_storage(new, cache.dtype), mode="drop")
 
 
 def _constrain(x, axes, ctx):
@@ -328,9 +334,13 @@ class Qwen3(nnx.Module):
                                 chunk=self.config.logits_chunk)
 
   def init_cache(self, batch_size: int, max_len: int, dtype=None) -> dict:
-    """An empty KV cache: {"k","v": [L,B,K,S,H] zeros, "lengths": [B] int32}."""
+    """An empty KV cache: {"k","v": [L,B,K,S,H] zeros, "lengths": [B] int32}.
+
+    A bfloat16 cache is stored as uint16 bits (`attention.STORAGE`); read it
+    with `attention.from_storage`.
+    """
     cfg = self.config
-    dtype = jnp.dtype(dtype or cfg.dtype)
+    dtype = attn.storage_dtype(dtype or cfg.dtype)
     shape = (cfg.num_layers, batch_size, cfg.num_kv_heads, max_len, cfg.head_dim)
     cache = {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype),
              "lengths": jnp.zeros((batch_size,), jnp.int32)}

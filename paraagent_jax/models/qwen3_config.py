@@ -62,7 +62,7 @@ class Qwen3Config:
   # "splash". The KV-cache path is chunked unless this is "reference".
   attention: str = "auto"
   # Block size of the chunked/splash kernels and of the cache attention.
-  attention_chunk: int = 512
+  attention_chunk: int = 256
   # > 0: `token_logprobs` runs the LM head + log-softmax over this many
   # positions at a time (never a [B,T,V] fp32 array). 0 = all at once.
   logits_chunk: int = 512

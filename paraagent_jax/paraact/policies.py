@@ -65,6 +65,9 @@ class Policy(abc.ABC):
     """Counters for the rollout report (e.g. tokens prefilled and decoded)."""
     return {}
 
+  def release(self) -> None:
+    """Frees per-batch device memory (a KV cache) once a rollout is done."""
+
 
 class JaxPolicy(Policy):
   """Samples from a Flax model with a batch KV cache kept across turns."""
@@ -83,6 +86,7 @@ class JaxPolicy(Policy):
     self.min_chunk, self.max_chunk = min_chunk, max_chunk
     self._sampler = None
     self._state = None
+    self._stats = {}
     self._num = 0
 
   def update_model(self, model) -> None:
@@ -126,7 +130,13 @@ class JaxPolicy(Policy):
     return self.max_len - int(self._state.lengths[episode])
 
   def stats(self):
-    return self._state.stats.as_dict() if self._state is not None else {}
+    return self._state.stats.as_dict() if self._state is not None else self._stats
+
+  def release(self):
+    """Drops the KV cache (the RL step then runs without it on device)."""
+    if self._state is not None:
+      self._stats = self._state.stats.as_dict()
+      self._state = None
 
 
 class OraclePolicy(Policy):

@@ -237,4 +237,6 @@ def run_rollout(policy: pol.Policy, env, tasks: Sequence[Any], fmt,
   records = [_episode_record(tasks[i], buffers[i], steps[i], rewards[i], ep_wall[i],
                              transcripts[i]) for i in range(b)]
   timing["total_s"] = time.perf_counter() - t_start
-  return RolloutResult(arrays, records, buffers, timing, policy.stats())
+  stats = policy.stats()
+  policy.release()        # the KV cache is not needed by the update
+  return RolloutResult(arrays, records, buffers, timing, stats)
