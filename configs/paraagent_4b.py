@@ -72,6 +72,10 @@ def get_config(arg=None):
   c.data.num_tasks = 20000
   c.data.data_dir = ""
   c.data.tokenizer = ""             # "" = init_from's tokenizer
+  # data.pack=True: demonstrations packed first-fit into the 8,192-token rows
+  # (segment ids, no attention across them) instead of one per row. Off by
+  # default so the step counts below keep their meaning (one demonstration a row).
+  c.data.pack = False
   c.batch_size = 256
   c.seq_len = 8192
   c.num_micro_batches = 4
@@ -130,6 +134,7 @@ def get_config(arg=None):
     c.ckpt_every = 5
     c.rl.group_size = 4
     c.rl.tasks_per_iter = 2
+    c.rl.num_micro_batches = 0      # = num_micro_batches
     c.rl.iterations = 2
     c.rl.max_turns = 4
     c.rl.max_turn_tokens = 96

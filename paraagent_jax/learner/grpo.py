@@ -126,6 +126,28 @@ def logprobs_from_logits(logits, tokens, with_entropy: bool = False):
   return logp, pad(entropy)
 
 
+def model_logprobs(model, tokens, attention_mask, positions=None,
+                   segment_ids=None, *, temperature: float = 1.0,
+                   with_entropy: bool = False):
+  """Per-token log-probs (and entropies) of `tokens` under `model`.
+
+  A model with a `token_logprobs` method (`models.qwen3.Qwen3`: chunked over
+  the sequence, no [B,T,V] fp32 logits) computes them itself; any other model
+  is called for its [B,T,V] logits (``model(tokens, attention_mask=...)``)
+  and they go through `logprobs_from_logits`.
+  """
+  own = getattr(model, "token_logprobs", None)
+  if own is not None:
+    return own(tokens, attention_mask, positions, segment_ids,
+               temperature=temperature, with_entropy=with_entropy)
+  extra = {k: v for k, v in (("positions", positions),
+                             ("segment_ids", segment_ids)) if v is not None}
+  logits = model(tokens, attention_mask=attention_mask, **extra)
+  if temperature != 1.0:
+    logits = logits / temperature
+  return logprobs_from_logits(logits, tokens, with_entropy)
+
+
 def aggregation_weights(valid, aggregation: str):
   """[B,T] weights w with loss = sum(w * per_token_loss) over the batch."""
   valid = valid.astype(jnp.float32)
@@ -215,9 +237,8 @@ def micro_loss(model, inputs, ref_model, config: GRPOConfig):
   want_entropy = config.compute_entropy or config.entropy_coef != 0
   # The LM head and log-softmax run in sequence chunks (model.logits_chunk):
   # no [B,T,V] fp32 logits.
-  out = model.token_logprobs(inputs["tokens"], inputs["attention_mask"],
-                             temperature=config.temperature,
-                             with_entropy=want_entropy)
+  out = model_logprobs(model, inputs["tokens"], inputs["attention_mask"],
+                       temperature=config.temperature, with_entropy=want_entropy)
   logp, entropy = out if want_entropy else (out, None)
   if entropy is not None and not config.entropy_coef:
     entropy = jax.lax.stop_gradient(entropy)
@@ -227,9 +248,9 @@ def micro_loss(model, inputs, ref_model, config: GRPOConfig):
     if ref_logp is None:
       if ref_model is None:
         raise ValueError("beta > 0 needs batch.ref_logprobs or a ref_state")
-      ref_logp = ref_model.token_logprobs(inputs["tokens"],
-                                          inputs["attention_mask"],
-                                          temperature=config.temperature)
+      ref_logp = model_logprobs(ref_model, inputs["tokens"],
+                                inputs["attention_mask"],
+                                temperature=config.temperature)
     ref_logp = jax.lax.stop_gradient(ref_logp)
   loss, sums = token_loss_terms(logp, inputs, config, ref_logp, entropy)
   return jnp.sum(loss * inputs["weights"]), sums

@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from paraagent_jax.learner import grpo
 from paraagent_jax.learner import step as ts
 
 SFT_FIELDS = ("tokens", "loss_mask", "attention_mask")
@@ -39,8 +40,8 @@ def _fields(batch) -> dict:
 
 
 def _logprobs(model, inputs):
-  return model.token_logprobs(inputs["tokens"], inputs["attention_mask"],
-                              inputs.get("positions"), inputs.get("segment_ids"))
+  return grpo.model_logprobs(model, inputs["tokens"], inputs["attention_mask"],
+                             inputs.get("positions"), inputs.get("segment_ids"))
 
 
 def _shifted_mask(loss_mask):
@@ -53,7 +54,8 @@ def sft_loss(model, tokens, loss_mask, attention_mask, positions=None,
   """Token-mean cross-entropy over ``loss_mask`` (scalar, float32).
 
   Args:
-    model: a `paraagent_jax.models.qwen3.Qwen3` (``model.token_logprobs``).
+    model: a `paraagent_jax.models.qwen3.Qwen3`, or any module returning
+      [B,T,V] logits (`grpo.model_logprobs`).
     tokens: [B,T] int token ids.
     loss_mask: [B,T] 1 on tokens to learn (assistant turns).
     attention_mask: [B,T] 1 on real tokens.
@@ -62,7 +64,8 @@ def sft_loss(model, tokens, loss_mask, attention_mask, positions=None,
   Returns:
     The mean negative log-likelihood over masked tokens.
   """
-  logp = model.token_logprobs(tokens, attention_mask, positions, segment_ids)
+  logp = grpo.model_logprobs(model, tokens, attention_mask, positions,
+                             segment_ids)
   mask = _shifted_mask(loss_mask)
   return -jnp.sum(logp * mask) / jnp.maximum(jnp.sum(mask), 1.0)
 
