@@ -116,6 +116,12 @@ def get_config(arg=None):
   c.data.answer_style = "json"
   c.data.length_bucket = "512,768,1024"   # + seq_len: 4 compiled shapes
   c.data.overlong = "truncate"    # the longest ~10% keep their first turns
+  # Several demonstrations per row (segment ids; paraagent_jax/data/packing.py):
+  # data.pack=True after the colon. Off here: the demo's SFT recipe and the
+  # shipped policy were trained one demonstration per row, and packed rows
+  # give each step more demonstrations, so the recipe's step counts would
+  # need retuning (docs/cpu_demo.md, "Packing SFT rows").
+  c.data.pack = False
   # Options measured and left at their off values (docs/cpu_demo.md):
   # imperfection (a float scales `Imperfection.default()`; 1.0 = default),
   # obs_format "compact" (search results as `name(params)`), context_loss_weight

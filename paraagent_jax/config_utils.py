@@ -420,6 +420,7 @@ def demonstration_defaults() -> ml_collections.ConfigDict:
   c.tokenizer_vocab_size = 4096
   c.overlong = "drop"           # "drop" | "truncate" rows over seq_len
   c.length_bucket = 0           # int step or "a,b,c" padded lengths; 0 = seq_len
+  c.pack = False                # several demonstrations per row (segment ids)
   c.context_loss_weight = 0.0
   c.copy_warmup = 0
   c.copy_len = 256

@@ -13,9 +13,11 @@ closes them; never on the role header ``<|im_start|>assistant\\n``, the
 newline after ``<|im_end|>`` (the rollout appends both itself) or any
 system/user/tool token.
 
-One demonstration per row, right-padded: the SFT loss and the model take only
-a key-padding mask (no segment ids), so packing several conversations into a
-row would let them attend to each other.
+One demonstration per row, right-padded; or, with ``data.pack``, several
+whole demonstrations per row (`paraagent_jax.data.packing`): the batch then
+also has ``segment_ids`` and ``positions`` [B,T] int32, the model keeps the
+demonstrations of a row apart (no attention across segments, RoPE positions
+restarting at 0) and the loss mask is 0 on each segment's first token.
 
 Length buckets (``data.length_bucket``): each epoch's permutation is cut
 into windows of ``BUCKET_WINDOW`` global batches; a window is sorted by
@@ -29,6 +31,10 @@ Order: position ``p`` of the endless stream is example ``perm_e[p % N]`` of
 epoch ``e = p // N``, ``perm_e`` a permutation seeded by (seed, e); row ``r``
 of batch ``i`` on host ``h`` of ``H`` is position ``(i * H + h) * B + r``, so
 hosts read disjoint rows and the position is one integer (exact resume).
+Packed, the stream is one of rows instead of examples: epoch ``e``'s rows are
+`packing.first_fit` of ``perm_e`` (every example once per epoch; the last
+rows of an epoch may be part-filled), and they follow the rows of the
+epochs before. Still a pure function of (seed, position): resuming is exact.
 
 ``data_config`` keys read (``config.data``):
   data_dir: directory with the JSONL files (required).
@@ -41,6 +47,10 @@ hosts read disjoint rows and the position is one integer (exact resume).
   length_bucket: 0 (default: every batch is seq_len long), an int L (buckets
     at the multiples of L) or a string of lengths "512,768,1024" (seq_len is
     always the last bucket).
+  pack: False (default: one demonstration per row) or True: demonstrations
+    are packed first-fit into rows of seq_len (with length buckets, a batch
+    is padded to the bucket of its longest packed row). Warm-up and copy
+    batches are not packed.
   context_loss_weight: weight of the non-assistant tokens (system, task,
     observations) in the ``train`` split's loss mask (default 0: assistant
     tokens only). A small weight makes the model also predict the
@@ -87,6 +97,7 @@ from paraagent_jax import config_utils
 from paraagent_jax import tokenizer as tokenizer_lib
 from paraagent_jax.data import copy_stats
 from paraagent_jax.data import demo_tokenizer
+from paraagent_jax.data import packing
 from paraagent_jax.data import tfds_builders
 # The row encoding and the length buckets (re-exported for callers).
 from paraagent_jax.data.rows import bucket_lengths, encode_demonstrations  # pylint: disable=unused-import
@@ -127,6 +138,7 @@ class DemonstrationSFTData:
     num_dropped: over-long demonstrations dropped.
     num_truncated: over-long demonstrations truncated.
     ids: record ids, aligned with the examples.
+    pack: several demonstrations per row (`paraagent_jax.data.packing`).
   """
 
   def __init__(self, records, tokenizer, *, batch_size: int, seq_len: int,
@@ -137,7 +149,8 @@ class DemonstrationSFTData:
                copy_len: int = 256, copy_rows: int = 0,
                copy_mode: str = "pairs", turn_warmup: int = 0,
                turn_rows: int = 0, turn_len: int = 384, turn_count: int = 1,
-               turn_system: bool = True, copy_every: int = 0):
+               turn_system: bool = True, copy_every: int = 0,
+               pack: bool = False):
     if not 0.0 <= context_weight <= 1.0:
       raise ValueError(f"context_loss_weight={context_weight} not in [0, 1]")
     self._context_weight = float(context_weight)
@@ -202,13 +215,19 @@ class DemonstrationSFTData:
     if not self._examples:
       raise ValueError(f"split {split!r}: no demonstration fits seq_len="
                        f"{seq_len} ({self.num_dropped} dropped)")
+    self.pack = bool(pack)
     self._perms: dict[int, np.ndarray] = {}
+    # Packed: epoch e's rows (example indices) and the first row position of
+    # each epoch (extended as far as a position needs).
+    self._packs: dict[int, list[np.ndarray]] = {}
+    self._row_starts = [0]
     self._next_batch = 0
 
   def state(self) -> dict[str, Any]:
     """The position: index of the next batch (JSON-serialisable)."""
     return {"next_batch": self._next_batch, "seed": self._seed,
-            "split": self._split, "num_examples": self.num_examples}
+            "split": self._split, "num_examples": self.num_examples,
+            "pack": self.pack}
 
   def restore(self, state: Mapping[str, Any]) -> None:
     """Continues after the batch that was last yielded at ``state()``."""
@@ -217,6 +236,11 @@ class DemonstrationSFTData:
       if key in state and state[key] != mine[key]:
         raise ValueError(f"data state {dict(state)} was saved for another "
                          f"{key} than this data ({self.state()})")
+    # A state saved before packing existed is one of unpacked rows.
+    if bool(state.get("pack", False)) != self.pack:
+      raise ValueError(f"data state {dict(state)} was saved with data.pack="
+                       f"{bool(state.get('pack', False))}; this data has "
+                       f"data.pack={self.pack}")
     self._next_batch = int(state["next_batch"])
 
   def _perm(self, epoch: int) -> np.ndarray:
@@ -225,7 +249,7 @@ class DemonstrationSFTData:
         self._perms.clear()
       rng = np.random.default_rng([self._seed, epoch])
       perm = rng.permutation(self.num_examples)
-      if self.buckets:
+      if self.buckets and not self.pack:
         perm = self._group_by_length(perm, rng)
       self._perms[epoch] = perm
     return self._perms[epoch]
@@ -269,14 +293,53 @@ class DemonstrationSFTData:
     if not self.buckets:
       return self.seq_len
     g = self.batch_size * self._process_count
-    longest = max(self._lengths[self.example_index(index * g + r)]
-                  for r in range(g))
+    if self.pack:
+      longest = max(int(self._lengths[self.packed_row(index * g + r)].sum())
+                    for r in range(g))
+    else:
+      longest = max(self._lengths[self.example_index(index * g + r)]
+                    for r in range(g))
     return self.buckets[bisect.bisect_left(self.buckets, longest)]
 
   def example_index(self, position: int) -> int:
     """Index (into `ids`) of the example at a stream position."""
     epoch, i = divmod(position, self.num_examples)
     return int(self._perm(epoch)[i])
+
+  def epoch_rows(self, epoch: int) -> list[np.ndarray]:
+    """Packed rows of an epoch: example indices, `packing.first_fit` of its
+    permutation."""
+    if epoch not in self._packs:
+      if len(self._packs) > 4:
+        self._packs.clear()
+      perm = self._perm(epoch)
+      self._packs[epoch] = [perm[r] for r in
+                            packing.first_fit(self._lengths[perm], self.seq_len)]
+    return self._packs[epoch]
+
+  def packed_row(self, position: int) -> np.ndarray:
+    """Example indices of packed row ``position`` of the endless row stream."""
+    starts = self._row_starts
+    while starts[-1] <= position:
+      starts.append(starts[-1] + len(self.epoch_rows(len(starts) - 1)))
+    epoch = bisect.bisect_right(starts, position) - 1
+    return self.epoch_rows(epoch)[position - starts[epoch]]
+
+  def pack_summary(self) -> str:
+    """Epoch 0's packing: rows, demonstrations a row, slots filled."""
+    rows = self.epoch_rows(0)
+    return (f"packed {self.num_examples} demonstrations into {len(rows)} rows of "
+            f"{self.seq_len} ({self.num_examples / len(rows):.2f} a row, "
+            f"{packing.fill(self._lengths, rows, self.seq_len):.1%} of the slots "
+            f"filled; one per row: "
+            f"{packing.fill(self._lengths, self._lengths, self.seq_len):.1%})")
+
+  def _example(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Example ``k``'s ids and loss mask (context tokens weighted)."""
+    ids, mask = self._examples[k]
+    if self._context_weight:
+      mask = np.where(mask > 0, mask, self._context_weight).astype(np.float32)
+    return ids, mask
 
   def copy_batch(self, index: int) -> dict[str, np.ndarray]:
     """Synthetic copy batch ``index``: a pure function of (seed, index, host).
@@ -385,13 +448,16 @@ class DemonstrationSFTData:
     is_copy, index = self._interleaved(index - self.copy_warmup - self.turn_warmup)
     if is_copy:
       return self.copy_batch(index)
-    tokens, loss_mask, attention = self._empty_batch(b, t)
     first = (index * self._process_count + self._process_index) * b
+    if self.pack:
+      return packing.pack_rows(
+          [[self._example(k) for k in self.packed_row(first + r)]
+           for r in range(b)], t, self._pad)
+    tokens, loss_mask, attention = self._empty_batch(b, t)
     for r in range(b):
-      ids, mask = self._examples[self.example_index(first + r)]
+      ids, mask = self._example(self.example_index(first + r))
       tokens[r, :len(ids)] = ids
-      loss_mask[r, :len(ids)] = (np.where(mask > 0, mask, self._context_weight)
-                                 if self._context_weight else mask)
+      loss_mask[r, :len(ids)] = mask
       attention[r, :len(ids)] = 1
     return {"tokens": tokens, "loss_mask": loss_mask,
             "attention_mask": attention}
@@ -492,10 +558,13 @@ def make_sft_data(data_config, *, split: str, batch_size: int, seq_len: int,
       turn_len=int(data_config.turn_len),
       turn_count=int(data_config.turn_count),
       turn_system=bool(data_config.turn_system),
-      copy_every=int(data_config.copy_every) if split == "train" else 0)
+      copy_every=int(data_config.copy_every) if split == "train" else 0,
+      pack=bool(data_config.pack))
   print(f"demonstrations[{split}]: {data.num_examples} examples, "
         f"{data.num_dropped} dropped and {data.num_truncated} truncated "
         f"(over {seq_len} tokens), vocab {data.vocab_size}", flush=True)
+  if data.pack:
+    print(f"demonstrations[{split}]: {data.pack_summary()}", flush=True)
   if split == "train" and process_index == 0:
     stat = copy_stats.copy_statistic(records, tok, max_rows=200)
     data.copy_statistic = stat["copy_statistic"]
