@@ -88,9 +88,12 @@ def get_config(arg=None):
     c.model.num_heads = 4
     c.model.num_kv_heads = 4
     c.model.head_dim = 32
-    # model.attention "auto" is the chunked flash path on the CPU: in blocks
-    # of 256 it is as fast as the reference path's causal query blocks of 128
-    # and holds less (benchmarks/attention_bench.py, docs/benchmarks.md).
+    # model.attention "auto" on the CPU: the reference path in causal query
+    # blocks of 128 for rows up to 2,048 tokens (10% faster than the chunked
+    # flash path at 1,024 on this model; benchmarks/attention_bench.py).
+    # Log-probs in one piece: at vocab 4096 the logits of a batch are ~128
+    # MiB, and chunking them costs ~5% of a step here.
+    c.model.logits_chunk = 0
 
   # Demonstrations (stage "demos" and the SFT data source).
   c.data.source = "demonstrations"

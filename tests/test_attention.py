@@ -115,6 +115,10 @@ def test_resolve_auto_and_unknown():
   assert attn.resolve("auto", jnp.bfloat16, platform="gpu") == "cudnn"
   assert attn.resolve("auto", jnp.float32, platform="gpu") == "chunked"
   assert attn.resolve("auto", platform="cpu") == "chunked"
+  assert attn.resolve("auto", platform="cpu", seq_len=2048) == "reference"
+  assert attn.resolve("auto", platform="cpu", seq_len=2049) == "chunked"
+  assert attn.resolve("auto", jnp.bfloat16, platform="gpu",
+                      seq_len=64) == "cudnn"
   assert attn.resolve("xla", platform="tpu") == "xla"
   with pytest.raises(ValueError, match="attention='flash'"):
     attn.resolve("flash")

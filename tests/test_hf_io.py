@@ -77,12 +77,13 @@ def test_logits_match_transformers_with_padding(tmp_path, tied, kv):
     assert_real_close(hf_logits(hf, ids, mask), got, mask)
 
 
-@pytest.mark.parametrize("attention", ["auto", "reference", "xla"])
+@pytest.mark.parametrize("attention", ["auto", "chunked", "reference", "xla"])
 def test_logits_match_transformers_at_2048_tokens(tmp_path, attention):
   """Rows of 2,048 tokens (right- and left-padded) through every CPU path.
 
-  "auto" is the chunked flash path here (blocks of 256, so 8 query blocks and
-  the causal block skipping are exercised); kv 2 of 4 heads is GQA 2.
+  "chunked" runs blocks of 256 (8 query blocks: the causal block skipping is
+  exercised); "auto" is the reference path in query blocks of 128 at this
+  length on the CPU; kv 2 of 4 heads is GQA 2.
   """
   hf, d = make_hf(tmp_path, "long", kv=2, max_pos=4096)
   ours = hf_io.load_hf(d)

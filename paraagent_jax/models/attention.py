@@ -13,7 +13,8 @@ Two kinds of attention run in the model:
     softmax over key blocks inside query blocks, with a custom VJP that
     recomputes scores block by block. Holds `[B,K,G,bq,bk]` scores and the
     per-row log-sum-exp, never T^2; skips the blocks above the diagonal.
-    Runs on every backend; the default on the CPU (and so in the dry run).
+    Runs on every backend; the default on the CPU for rows longer than
+    `CPU_DENSE_MAX` tokens (and so in the dry run).
   - ``"xla"``: `jax.nn.dot_product_attention(implementation="xla")` with a
     dense boolean mask (T^2 memory; a library cross-check).
   - ``"cudnn"``: `jax.nn.dot_product_attention(implementation="cudnn")` (cuDNN
@@ -24,7 +25,9 @@ Two kinds of attention run in the model:
     (`jax.experimental.pallas.ops.tpu.splash_attention`) with causal mask and
     segment ids, run per shard under `shard_map` when the model is sharded.
   - ``"auto"`` (default): splash on TPU, cuDNN on GPU for bf16/fp16 models,
-    chunked otherwise.
+    and on the CPU the reference path in causal query blocks for rows of up
+    to `CPU_DENSE_MAX` tokens (10% faster there than chunked, whose backward
+    recomputes the scores; `benchmarks/attention_bench.py`), chunked beyond.
 
 * **Attention over the KV cache** (prefill, continuation, decode):
   `cache_attention` reads the cache in place, key block by key block, up to
@@ -52,12 +55,22 @@ MASK_VALUE = -1e30
 
 IMPLEMENTATIONS = ("auto", "reference", "chunked", "xla", "cudnn", "splash")
 
+# "auto" on the CPU: rows up to this long use the reference path in causal
+# query blocks (its [T, T] scores per head are at most 16 MiB here), longer
+# rows the chunked path.
+CPU_DENSE_MAX = 2048
+# Query block of the reference path when "auto" picks it.
+CPU_QUERY_BLOCK = 128
 
-def resolve(name: str, dtype=jnp.float32, platform: str | None = None) -> str:
+
+def resolve(name: str, dtype=jnp.float32, platform: str | None = None,
+            seq_len: int | None = None) -> str:
   """The concrete implementation `name` stands for on `platform`.
 
-  ``"auto"`` is splash on TPU, cuDNN on GPU for bf16/fp16 compute, chunked
-  otherwise. Unknown names raise ValueError listing the known ones.
+  ``"auto"`` is splash on TPU, cuDNN on GPU for bf16/fp16 compute, and
+  otherwise the reference path for rows of at most `CPU_DENSE_MAX` tokens
+  (`seq_len`; None = long) and chunked beyond. Unknown names raise
+  ValueError listing the known ones.
   """
   if name not in IMPLEMENTATIONS:
     raise ValueError(f"attention={name!r}; expected one of {IMPLEMENTATIONS}")
@@ -69,6 +82,8 @@ def resolve(name: str, dtype=jnp.float32, platform: str | None = None) -> str:
   if platform in ("gpu", "cuda", "rocm") and jnp.dtype(dtype) in (
       jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
     return "cudnn"
+  if seq_len is not None and seq_len <= CPU_DENSE_MAX:
+    return "reference"
   return "chunked"
 
 
@@ -350,6 +365,10 @@ def self_attention(q, k, v, *, attention_mask, segment_ids, impl: str,
                    dtype=jnp.float32):
   """Causal self-attention of a cache-free forward, by `impl`. [B,T,N,H]."""
   b, t = q.shape[:2]
+  if impl == "auto":
+    impl = resolve(impl, dtype, seq_len=t)
+    if impl == "reference":
+      reference_block = reference_block or CPU_QUERY_BLOCK
   impl = resolve(impl, dtype)
   seg = row_segments(attention_mask, segment_ids, b, t)
   if impl == "reference":
