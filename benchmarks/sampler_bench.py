@@ -24,6 +24,14 @@ compute in fp32. The load average is printed before and after the run.
   .venv/bin/python benchmarks/sampler_bench.py
   .venv/bin/python benchmarks/sampler_bench.py --batches=8,32 --repeats=5
   .venv/bin/python benchmarks/sampler_bench.py --threads=2   # a quiet machine
+  .venv/bin/python benchmarks/sampler_bench.py --hf_device=cuda   # on a GPU, torch with CUDA
+
+On a GPU our sampler runs on the GPU. `--hf_device` says where transformers
+runs: "cpu" (the default), "cuda" (torch with CUDA; then the comparison is like
+for like), or "none" (time our side only: a GPU against a CPU is no
+comparison). On a recent NVIDIA GPU JAX runs fp32 matmuls in TF32 by default
+and torch does not, so "same tokens" can fall below 100% there without a bug
+(`JAX_DEFAULT_MATMUL_PRECISION=highest` makes our side full fp32).
 """
 
 import argparse
@@ -75,9 +83,13 @@ def _hf_model(seed: int) -> transformers.Qwen3ForCausalLM:
   return transformers.Qwen3ForCausalLM(config).eval()
 
 
-def _hf_runner(hf, prompts: np.ndarray, new_tokens: int):
-  """A warmed-up call of transformers greedy generate; returns its new tokens."""
-  ids = torch.tensor(prompts)
+def _hf_runner(hf, prompts: np.ndarray, new_tokens: int, device: str = "cpu"):
+  """A warmed-up call of transformers greedy generate; returns its new tokens.
+
+  The tokens come back to the host as numpy, so a CUDA call has finished when
+  `run` returns.
+  """
+  ids = torch.tensor(prompts, device=device)
   kwargs = dict(attention_mask=torch.ones_like(ids), do_sample=False,
                 max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                 pad_token_id=0, eos_token_id=None, use_cache=True)
@@ -85,7 +97,7 @@ def _hf_runner(hf, prompts: np.ndarray, new_tokens: int):
   def run():
     with torch.no_grad():
       out = hf.generate(ids, **kwargs)
-    return out[:, prompts.shape[1]:].numpy()
+    return out[:, prompts.shape[1]:].cpu().numpy()
 
   with torch.no_grad():
     hf.generate(ids, **{**kwargs, "max_new_tokens": 4, "min_new_tokens": 4})
@@ -144,6 +156,9 @@ def main(argv=None) -> None:
                       help="threads of each side (torch intra-op; XLA: 1 or "
                       "all cores)")
   parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--hf_device", choices=("cpu", "cuda", "none"),
+                      default="cpu", help="where transformers generate runs; "
+                      "none: time our sampler only")
   args = parser.parse_args(argv)
   torch.set_num_threads(args.threads)
 
@@ -151,11 +166,14 @@ def main(argv=None) -> None:
   with tempfile.TemporaryDirectory() as tmp:
     hf.save_pretrained(tmp)
     model = hf_io.load_hf(tmp)
+  if args.hf_device != "none":
+    hf = hf.to(args.hf_device)
   load_before = os.getloadavg()
   print(f"jax {jax.__version__} ({jax.default_backend()}, "
         f"{jax.device_count()} devices), torch {torch.__version__} "
         f"({torch.get_num_threads()} threads), transformers "
-        f"{transformers.__version__}; prompt {args.prompt_len}, "
+        f"{transformers.__version__} ("
+        f"{'not timed' if args.hf_device == 'none' else 'on ' + args.hf_device}); prompt {args.prompt_len}, "
         f"{args.new_tokens} new tokens, greedy, median of {args.repeats}; "
         f"pinned to CPUs {_CPUS}; "
         f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
@@ -164,13 +182,19 @@ def main(argv=None) -> None:
   rs = np.random.RandomState(args.seed)
   for batch in [int(b) for b in args.batches.split(",")]:
     prompts = rs.randint(0, 4096, (batch, args.prompt_len)).astype(np.int64)
-    hf_run = _hf_runner(hf, prompts, args.new_tokens)
     our_run, compile_s, first_s, last = _our_runner(model, prompts,
                                                     args.new_tokens)
+    n = batch * args.new_tokens
+    if args.hf_device == "none":
+      (ours_s,), (our_cpu,), _, _ = _timed_interleaved([our_run], args.repeats)
+      assert last["stats"].compilations == 0, "timed calls recompiled"
+      rows.append((batch, None, n / ours_s, None, None, None, our_cpu,
+                   compile_s, first_s, None))
+      continue
+    hf_run = _hf_runner(hf, prompts, args.new_tokens, args.hf_device)
     (hf_s, ours_s), (hf_cpu, our_cpu), (hf_min, our_min), (hf_tok, our_tok) = (
         _timed_interleaved([hf_run, our_run], args.repeats))
     assert last["stats"].compilations == 0, "timed calls recompiled"
-    n = batch * args.new_tokens
     agree = float((hf_tok == our_tok).mean())
     rows.append((batch, n / hf_s, n / ours_s, hf_s / ours_s, hf_min / our_min,
                  hf_cpu, our_cpu, compile_s, first_s, agree))
@@ -182,6 +206,10 @@ def main(argv=None) -> None:
   print("|" + "|".join("---" for _ in header) + "|")
   for (batch, hf_tps, tps, ratio, best, hf_cpu, our_cpu, comp, first,
        agree) in rows:
+    if hf_tps is None:   # --hf_device=none: our side only
+      print(f"| {batch} | - | {tps:,.0f} | - | - | - / {our_cpu:.2f} | - | "
+            f"{comp:.2f} | {first:.2f} | - |")
+      continue
     print(f"| {batch} | {hf_tps:,.0f} | {tps:,.0f} | {ratio:.2f}x | {best:.2f}x | "
           f"{hf_cpu:.2f} / {our_cpu:.2f} | {hf_cpu / our_cpu:.2f}x | {comp:.2f} | "
           f"{first:.2f} | {agree:.1%} |")

@@ -1,0 +1,70 @@
+"""benchmarks/device_check.sh: without a GPU it says so and exits 0; its steps run.
+
+The GPU figures themselves need a GPU. Here the script's plumbing is checked on the
+CPU: the no-GPU exit, shellcheck, and (DEVICE_CHECK_ANY_BACKEND=1, tiny shapes) that
+each step runs, a failing attention check fails the script, and the summary table
+collects the figures.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import jax
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join("benchmarks", "device_check.sh")
+# Tiny shapes: the tiny preset for attention and the train steps, a short sampler run.
+TINY = dict(ATTENTION_ARGS="--preset=tiny --layers=0 --batch=2 --seq=64",
+            TRAIN_ARGS="--preset=tiny --batch=4 --seq=64 --reps=1",
+            SAMPLER_ARGS="--batches=2 --prompt_len=8 --new_tokens=4 --repeats=1")
+
+
+def _run(timeout=300, **env):
+  full_env = dict(os.environ, PYTHON=sys.executable, **env)
+  return subprocess.run(["bash", SCRIPT], cwd=ROOT, env=full_env, capture_output=True,
+                        text=True, timeout=timeout)
+
+
+@pytest.mark.skipif(jax.default_backend() == "gpu", reason="this machine has a GPU")
+def test_without_gpu_says_so_and_exits_0():
+  res = _run(timeout=120)
+  assert res.returncode == 0, res.stdout + res.stderr
+  backend = jax.default_backend()
+  assert res.stdout.splitlines()[0] == f"no GPU: jax backend is {backend}; nothing to check"
+  assert "==" not in res.stdout          # no step ran
+
+
+@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck not installed")
+def test_shellcheck_clean():
+  res = subprocess.run(["shellcheck", SCRIPT], cwd=ROOT, capture_output=True, text=True)
+  assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_steps_run_and_summary_collects_figures(tmp_path):
+  res = _run(DEVICE_CHECK_ANY_BACKEND="1", DEVICE_CHECK_LOGS=str(tmp_path), **TINY)
+  out = res.stdout
+  assert res.returncode == 0, out + res.stderr
+  summary = out[out.index("== device_check summary"):]
+  for step in ("attention", "train", "sampler"):
+    assert f"| {step} | ok |" in summary
+    assert (tmp_path / f"{step}.log").exists()
+  # cuDNN is a GPU path: on the CPU the check covers auto, chunked and xla, fp32 and bf16.
+  for impl in ("auto", "chunked", "xla"):
+    assert summary.count(f"attention {impl} ") == 2
+  assert "train SFT:" in summary and "train RL (GRPO):" in summary
+  assert "MFU n/a" in summary               # no peak FLOP/s for a CPU
+  assert "device_check: all steps passed" in out
+
+
+def test_a_failed_check_fails_the_script(tmp_path):
+  # A negative tolerance: every fp32 comparison fails, whatever the numbers.
+  res = _run(DEVICE_CHECK_ANY_BACKEND="1", DEVICE_CHECK_LOGS=str(tmp_path),
+             DEVICE_CHECK_STEPS="attention",
+             ATTENTION_ARGS=TINY["ATTENTION_ARGS"] + " --fp32_tol=-1")
+  assert res.returncode == 1, res.stdout + res.stderr
+  assert "| attention | FAIL (exit 1) |" in res.stdout
+  assert "ATTENTION PARITY FAILED" in res.stdout
+  assert "| train |" not in res.stdout      # DEVICE_CHECK_STEPS selected one step
