@@ -125,7 +125,8 @@ def get_config(arg=None):
     c.data.catalog = "procedural"   # RL follows data.catalog
     c.data.num_tasks = 64
     c.batch_size = 4
-    c.seq_len = 512
+    # Procedural demonstrations run ~1,000 tokens: 512 dropped all of them.
+    c.seq_len = 2048
     c.num_micro_batches = 1
     c.total_steps = 10
     c.optimizer.warmup_steps = 2

@@ -15,6 +15,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+from paraagent_jax import config_utils
 from paraagent_jax import tokenizer as tokenizer_lib
 from paraagent_jax.data import demo_tokenizer
 from paraagent_jax.data import demonstrations
@@ -258,6 +259,11 @@ def test_overlong_dropped_or_truncated(sft_config, tok):
   assert batch["tokens"].shape == (9, limit)
   full = batch["attention_mask"].sum(1) == limit
   assert full.sum() >= too_long
+  # Nothing fits: one line naming the fix, not an empty dataset.
+  with pytest.raises(config_utils.ConfigError,
+                     match=r"no demonstration fits seq_len=2 .*overlong=truncate"):
+    demonstrations.make_sft_data(sft_config, split="train", batch_size=2,
+                                 seq_len=2, seed=0)
   # "validation" reads the held-out test demonstrations (4 of 5 kept).
   v = demonstrations.make_sft_data(sft_config, split="validation",
                                    batch_size=2, seq_len=256, seed=0)

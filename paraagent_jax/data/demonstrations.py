@@ -213,8 +213,10 @@ class DemonstrationSFTData:
     self.buckets = bucket_lengths(length_bucket, self.seq_len)
     self._lengths = np.asarray([len(ids) for ids, _ in self._examples], np.int64)
     if not self._examples:
-      raise ValueError(f"split {split!r}: no demonstration fits seq_len="
-                       f"{seq_len} ({self.num_dropped} dropped)")
+      raise config_utils.ConfigError(
+          f"data: split {split!r}: no demonstration fits seq_len={seq_len} "
+          f"({self.num_dropped} dropped); raise seq_len or set "
+          f"data.overlong=truncate")
     self.pack = bool(pack)
     self._perms: dict[int, np.ndarray] = {}
     # Packed: epoch e's rows (example indices) and the first row position of
