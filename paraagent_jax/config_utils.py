@@ -451,6 +451,12 @@ def rl_catalog(config) -> str:
   return config.rl.get("catalog", "") or config.data.get("catalog", "") or "procedural"
 
 
+def rl_micro_batches(config) -> int:
+  """Micro-batches of the RL step: ``rl.num_micro_batches``, 0 = the SFT one."""
+  return (int(config.rl.get("num_micro_batches", 0))
+          or int(config.num_micro_batches))
+
+
 def merge_nested(config, overrides, where: str = "overrides") -> None:
   """Sets nested ``overrides`` (a dict/ConfigDict) into ``config`` in place.
 

@@ -168,8 +168,7 @@ def grpo_config(config) -> dict:
     levels = tuple(s.strip() for s in levels.split(",") if s.strip())
   gcfg["levels"] = tuple(levels)
   # As the RL stage: rl.num_micro_batches, 0 = the SFT setting.
-  gcfg["num_micro_batches"] = (int(config.rl.get("num_micro_batches", 0))
-                               or config.num_micro_batches)
+  gcfg["num_micro_batches"] = config_utils.rl_micro_batches(config)
   return gcfg
 
 
@@ -347,7 +346,7 @@ def largest_activations(config, model_cfg, mesh) -> dict[str, int]:
   dense = model_cfg.attention in ("reference", "xla")
   rl = config.rl
   out = {}
-  rl_micro = int(rl.get("num_micro_batches", 0)) or config.num_micro_batches
+  rl_micro = config_utils.rl_micro_batches(config)
   for name, rows, t, m in (
       ("sft", config.batch_size, config.seq_len, config.num_micro_batches),
       ("rl", rl.tasks_per_iter * rl.group_size, rl.max_len, rl_micro)):

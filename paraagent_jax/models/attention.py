@@ -347,9 +347,7 @@ def splash_attention(q, k, v, seg, *, interpret: bool = False, block: int = 512)
 
 def _sharded(fn, q, k, v, seg, ctx):
   """Runs `fn` per shard under shard_map (Pallas kernels do not partition)."""
-  if ctx is None:
-    return fn(q, k, v, seg)
-  mesh, rules = ctx
+  mesh, rules = ctx if ctx is not None else (None, None)
   if mesh is None or mesh.size == 1:
     return fn(q, k, v, seg)
   spec = lambda axes, x: shd.logical_to_spec(axes, x.shape, mesh, rules)

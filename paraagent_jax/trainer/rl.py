@@ -210,7 +210,7 @@ def run_rl(config: ml_collections.ConfigDict, workdir: str) -> dict:
   gcfg["levels"] = _levels(gcfg.get("levels", "traj,phase,step"))
   # RL batches (groups x full episodes) are larger than SFT's: their own
   # micro-batching bounds the step's memory (0 = the SFT setting).
-  gcfg["num_micro_batches"] = int(rl.get("num_micro_batches", 0)) or config.num_micro_batches
+  gcfg["num_micro_batches"] = config_utils.rl_micro_batches(config)
   try:
     grpo_cfg = config_utils.config_from_mapping(grpo.GRPOConfig, gcfg)
   except (ValueError, TypeError) as e:
