@@ -49,9 +49,6 @@ from paraagent_jax.models import qwen3
 # static args, abstract arguments) -> jax.stages.Compiled.
 _COMPILED: dict[Any, Any] = {}
 
-# Slot axis of the model's cache arrays ([L, B, K, S, H]).
-_SEQ = qwen3.CACHE_SEQ_AXIS
-
 
 @dataclasses.dataclass
 class SamplerStats:
@@ -379,4 +376,4 @@ def continue_generation(model, state: SamplerState,
 
 def _state_capacity(state: SamplerState) -> int:
   """Cache capacity (slots per row) of a state's cache."""
-  return int(state.cache["k"].shape[_SEQ])
+  return qwen3.cache_capacity(state.cache)

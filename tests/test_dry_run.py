@@ -78,15 +78,16 @@ def test_shardings_of_the_arrays(dry):
   assert specs["params['layers'][0]['q_proj'].value"] == p("fsdp", "tensor",
                                                            None)
   assert specs["params['layers'][1]['down_proj'].value"] == p("tensor", "fsdp")
-  # The cache is [L, B, S, K, H] or [L, B, K, S, H] (the model owns the
-  # layout): rows over data x fsdp, kv heads over tensor, slots whole.
+  # An unscanned model keeps one [B, K, S, H] cache array per layer (a
+  # scanned one a stacked [L, ...]; the model owns the layout): rows over
+  # data x fsdp, kv heads over tensor, slots whole.
   shapes = {path: shape for path, shape, _, _, _ in report["arrays"]}
-  shape, spec = shapes["kv_cache['k']"], tuple(specs["kv_cache['k']"])
-  spec += (None,) * (len(shape) - len(spec))
-  assert shape[:2] == (L, 8) and sorted(shape[2:]) == sorted((1024, K, H))
-  assert spec[1] == ("data", "fsdp")
-  assert spec[2 + shape[2:].index(K)] == "tensor"
-  assert spec[2 + shape[2:].index(1024)] is None and spec[-1] is None
+  assert f"kv_cache['k'][{L - 1}]" in shapes and f"kv_cache['k'][{L}]" not in shapes
+  for i in range(L):
+    shape, spec = shapes[f"kv_cache['k'][{i}]"], tuple(specs[f"kv_cache['k'][{i}]"])
+    spec += (None,) * (len(shape) - len(spec))
+    assert shape == (8, K, 1024, H)
+    assert spec == (("data", "fsdp"), "tensor", None, None)
   assert specs["rl_batch.tokens"] == p(("data", "fsdp"))
   assert "P('tensor', 'fsdp')" in text   # printed, not only returned
 

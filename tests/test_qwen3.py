@@ -61,10 +61,11 @@ def test_forward_chunk_zero_new_leaves_row_untouched(tiny):
   before = jax.tree.map(np.asarray, cache)
   _, cache = tiny.forward_chunk(jnp.asarray([[9], [9]], jnp.int32), cache,
                                 jnp.asarray([0, 1], jnp.int32))
-  np.testing.assert_array_equal(cache["k"][:, 0], before["k"][:, 0])
+  k, k_before = qwen3.cache_layers(cache["k"]), qwen3.cache_layers(before["k"])
+  np.testing.assert_array_equal(k[:, 0], k_before[:, 0])
   np.testing.assert_array_equal(cache["lengths"], [3, 3])
   # Row 1's padding slot (index 2 after the first chunk) now holds a real token.
-  assert not np.allclose(cache["k"][:, 1, :, 2], before["k"][:, 1, :, 2])
+  assert not np.allclose(k[:, 1, :, 2], k_before[:, 1, :, 2])
 
 
 def test_padding_beyond_capacity_is_dropped_not_clamped(tiny):
@@ -73,10 +74,10 @@ def test_padding_beyond_capacity_is_dropped_not_clamped(tiny):
   cache = tiny.init_cache(1, 6)
   ids = jnp.asarray([[1, 2, 3, 4, 5]], jnp.int32)
   _, cache = tiny.forward_chunk(ids, cache, jnp.asarray([5], jnp.int32))
-  before = np.asarray(cache["k"])
+  before = np.asarray(qwen3.cache_layers(cache["k"]))
   logits, cache = tiny.forward_chunk(jnp.asarray([[6, 0, 0, 0]], jnp.int32),
                                      cache, jnp.asarray([1], jnp.int32))
-  np.testing.assert_array_equal(np.asarray(cache["k"])[..., :5, :],
+  np.testing.assert_array_equal(np.asarray(qwen3.cache_layers(cache["k"]))[..., :5, :],
                                 before[..., :5, :])
   full = tiny(jnp.asarray([[1, 2, 3, 4, 5, 6]], jnp.int32))
   np.testing.assert_allclose(logits[0, 0], full[0, 5], atol=2e-5)
@@ -114,6 +115,15 @@ def test_scan_layers_and_remat_match_loop(tiny):
   cache = scanned.init_cache(2, 12)
   logits, cache = scanned.forward_chunk(ids, cache, jnp.asarray([9, 9]))
   np.testing.assert_allclose(logits, tiny(ids), atol=2e-5)
+  # The loop model keeps one cache buffer per layer; the values are the scan's.
+  loop_cache = tiny.init_cache(2, 12)
+  _, loop_cache = tiny.forward_chunk(ids, loop_cache, jnp.asarray([9, 9]))
+  assert isinstance(loop_cache["k"], tuple) and len(loop_cache["k"]) == 2
+  assert loop_cache["k"][0].shape == cache["k"].shape[1:]
+  for name in ("k", "v"):
+    np.testing.assert_allclose(qwen3.cache_layers(loop_cache[name]), cache[name],
+                               atol=1e-5)
+  assert qwen3.cache_capacity(loop_cache) == qwen3.cache_capacity(cache) == 12
 
 
 @pytest.mark.parametrize("block", [8, 5])
