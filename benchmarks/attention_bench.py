@@ -13,6 +13,7 @@ from it, and the compiled temporaries of the step.
 
   python benchmarks/attention_bench.py
   python benchmarks/attention_bench.py --seq=512 --variants=reference,chunked:128
+  python benchmarks/attention_bench.py --preset=demo --variants=reference:128,chunked:256
 """
 
 from __future__ import annotations
@@ -55,6 +56,9 @@ def main(argv=None):
                   default="reference,reference:128,chunked:128,chunked:256,"
                           "chunked:512")
   ap.add_argument("--reps", type=int, default=5)
+  ap.add_argument("--preset", choices=("small", "demo"), default="small",
+                  help="small: the model above; demo: the demo preset "
+                  "(hidden 256, 4 heads, 2 KV heads, head_dim 64)")
   args = ap.parse_args(argv)
   b, t = args.batch, args.seq
   rng = np.random.default_rng(0)
@@ -66,6 +70,8 @@ def main(argv=None):
   attention_mask = jnp.asarray(attention_mask)
   base = dict(vocab_size=4096, hidden_size=128, intermediate_size=512,
               num_layers=4, num_heads=2, num_kv_heads=1, head_dim=32)
+  if args.preset == "demo":
+    base = {}
   variants = [v for v in args.variants.split(",") if v]
   steps, outs, temps = {}, {}, {}
   for name in variants:

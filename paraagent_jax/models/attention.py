@@ -209,7 +209,14 @@ def _flash_fwd_impl(q, k, v, qseg, kseg, bq, bk):
 
 
 def _flash_bwd_impl(q, k, v, qseg, kseg, out, lse, dout, bq, bk):
-  """Gradients (dq, dk, dv), recomputing the probabilities block by block."""
+  """Gradients (dq, dk, dv), recomputing the probabilities tile by tile.
+
+  One pass (FlashAttention-2's order): key blocks outside, the query blocks
+  that see them inside; each tile's probabilities are recomputed once and feed
+  dk and dv (carried per key block) and dq (accumulated in a [nq, ...] buffer
+  carried across key blocks). Two passes (dq, then dk/dv) computed every
+  tile's scores, exp and dO.V twice.
+  """
   b, t, kh, g, h = q.shape
   nq, nk = t // bq, t // bk
   scale = h ** -0.5
@@ -220,38 +227,30 @@ def _flash_bwd_impl(q, k, v, qseg, kseg, out, lse, dout, bq, bk):
   lseb, deltab = _blocks(lse, nq, bq, axis=3), _blocks(delta, nq, bq, axis=3)
   kblk, vblk, ksegb = _blocks(k, nk, bk), _blocks(v, nk, bk), _blocks(kseg, nk, bk)
 
-  def probs_and_ds(qi, kj):
-    s, vis = _block_scores(qblk[qi], kblk[kj], qsegb[qi], ksegb[kj], qi, kj,
-                           bq, bk, scale)
-    p = jnp.where(vis, jnp.exp(s - lseb[qi][..., None]), 0.0)   # [B,K,G,bq,bk]
-    dp = jnp.einsum("BTKGH,BSKH->BKGTS", doblk[qi], vblk[kj],
-                    preferred_element_type=jnp.float32)
-    ds = p * (dp - deltab[qi][..., None])
-    return p, ds
+  def kv_block(dq, kj):
+    kb, vb = kblk[kj], vblk[kj]
 
-  def dq_block(_, qi):
-    def kv_step(kj, dq):
-      _, ds = probs_and_ds(qi, kj)
-      return dq + jnp.einsum("BKGTS,BSKH->BTKGH", ds, kblk[kj].astype(jnp.float32))
-    n_kv = jnp.minimum(nk, ((qi + 1) * bq - 1) // bk + 1)
-    dq = jax.lax.fori_loop(0, n_kv, kv_step,
-                           jnp.zeros((b, bq, kh, g, h), jnp.float32))
-    return None, (dq * scale).astype(q.dtype)
-
-  def dkv_block(_, kj):
     def q_step(qi, carry):
-      dk, dv = carry
-      p, ds = probs_and_ds(qi, kj)
+      dq, dk, dv = carry
+      s, vis = _block_scores(qblk[qi], kb, qsegb[qi], ksegb[kj], qi, kj,
+                             bq, bk, scale)
+      p = jnp.where(vis, jnp.exp(s - lseb[qi][..., None]), 0.0)   # [B,K,G,bq,bk]
+      dp = jnp.einsum("BTKGH,BSKH->BKGTS", doblk[qi], vb,
+                      preferred_element_type=jnp.float32)
+      ds = p * (dp - deltab[qi][..., None])
       dv = dv + jnp.einsum("BKGTS,BTKGH->BSKH", p, doblk[qi].astype(jnp.float32))
       dk = dk + jnp.einsum("BKGTS,BTKGH->BSKH", ds, qblk[qi].astype(jnp.float32))
-      return dk, dv
+      dq_i = dq[qi] + jnp.einsum("BKGTS,BSKH->BTKGH", ds, kb.astype(jnp.float32))
+      return jax.lax.dynamic_update_index_in_dim(dq, dq_i, qi, 0), dk, dv
+
     zeros = jnp.zeros((b, bk, kh, h), jnp.float32)
     first_q = (kj * bk) // bq          # earlier query blocks see none of these keys
-    dk, dv = jax.lax.fori_loop(first_q, nq, q_step, (zeros, zeros))
-    return None, ((dk * scale).astype(k.dtype), dv.astype(v.dtype))
+    dq, dk, dv = jax.lax.fori_loop(first_q, nq, q_step, (dq, zeros, zeros))
+    return dq, ((dk * scale).astype(k.dtype), dv.astype(v.dtype))
 
-  _, dq = jax.lax.scan(dq_block, None, jnp.arange(nq))
-  _, (dk, dv) = jax.lax.scan(dkv_block, None, jnp.arange(nk))
+  dq0 = jnp.zeros((nq, b, bq, kh, g, h), jnp.float32)
+  dq, (dk, dv) = jax.lax.scan(kv_block, dq0, jnp.arange(nk))
+  dq = (dq * scale).astype(q.dtype)
   unblock = lambda x: jnp.moveaxis(x, 0, 1).reshape((b, t) + x.shape[3:])
   return unblock(dq), unblock(dk), unblock(dv)
 

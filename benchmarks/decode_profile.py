@@ -1,0 +1,185 @@
+"""Where a decode call's time goes: per-op CPU time of one `Sampler.generate`.
+
+Profiles one greedy `generate` call of `benchmarks/sampler_bench.py`'s model
+(demo size, random weights, fp32, pinned to `--threads` CPUs like that bench)
+with `jax.profiler`, maps each XLA thunk of the trace to its instruction in the
+optimised HLO of the decode program (dumped by XLA), and prints a table: time
+per call grouped by (JAX op, output shape), largest first. Loops (`while`)
+contain other thunks and are left out of the sum.
+
+The peer in the same run: the same dense matmuls (q, k, v, o, gate, up, down
+of every layer and the LM head, at the same batch and shapes) as a bare jitted
+loop of `--new_tokens` steps, nothing else. It is the floor the model's dense
+part can reach with XLA's own dot on this machine; the table shows what the
+rest (attention over the cache, norms, RoPE, argmax, cache writes) adds.
+
+  .venv/bin/python benchmarks/decode_profile.py                 # batch 32
+  .venv/bin/python benchmarks/decode_profile.py --batch=8 --top=30
+
+Thunk times come from the profiler, which adds a little to each; the total
+printed next to them is the traced call's wall time.
+"""
+
+import argparse
+import collections
+import glob
+import gzip
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+
+_DUMP = tempfile.mkdtemp(prefix="decode_profile_hlo_")
+# XLA reads its flags when it starts: the dump flag goes in before
+# sampler_bench (imported below) pins the process and imports JAX.
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                           f" --xla_dump_to={_DUMP} --xla_dump_hlo_as_text").strip()
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+import jax
+import jax.numpy as jnp
+import numpy as np
+import sampler_bench  # pins the process to --threads CPUs (read from argv)
+
+from paraagent_jax import sampling
+
+_INSTR = re.compile(r"^\s*(?:ROOT )?%(\S+) = (\S+) ([\w-]+)\(")
+_OP_NAME = re.compile(r'op_name="([^"]*)"')
+
+
+def hlo_instructions(dump_dir: str, module: str) -> dict:
+  """{instruction name: (output shape, JAX op)} of a dumped optimised module."""
+  files = sorted(glob.glob(os.path.join(
+      dump_dir, f"*.{module}.cpu_after_optimizations.txt")))
+  if not files:
+    raise FileNotFoundError(f"no optimised HLO of {module!r} in {dump_dir}")
+  out = {}
+  with open(files[-1]) as f:
+    for line in f:
+      m = _INSTR.match(line)
+      if not m:
+        continue
+      name, shape, opcode = m.groups()
+      op = _OP_NAME.search(line)
+      # The op's last path part ("BTD,DF->BTF/dot_general"), else the opcode.
+      label = "/".join(op.group(1).split("/")[-2:]) if op else opcode
+      label = label.replace("jit(decode_fn)/", "").replace("while/body/", "")
+      out[name] = (shape.split("{")[0], label)
+  return out
+
+
+def trace_events(trace_dir: str):
+  """Complete ("X") events of the perfetto trace `jax.profiler` wrote."""
+  files = sorted(glob.glob(os.path.join(trace_dir, "**", "*.json.gz"),
+                           recursive=True))
+  if not files:
+    raise FileNotFoundError(f"no perfetto trace under {trace_dir}")
+  with gzip.open(files[-1]) as f:
+    return [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+
+
+def dense_floor(cfg, batch: int, steps: int, repeats: int = 5) -> float:
+  """Median seconds of `steps` x the model's dense matmuls alone, jitted."""
+  rs = np.random.RandomState(0)
+  d, f, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+  nq, nkv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+
+  def w(*shape):
+    return jnp.asarray(rs.randn(*shape).astype(np.float32) * 0.02)
+
+  layers = [dict(q=w(d, nq), k=w(d, nkv), v=w(d, nkv), o=w(nq, d), g=w(d, f),
+                 u=w(d, f), dn=w(f, d)) for _ in range(cfg.num_layers)]
+  emb = w(v, d)
+
+  def one_step(i, x):
+    del i
+    h = x
+    for p in layers:
+      q, k, vv = h @ p["q"], h @ p["k"], h @ p["v"]
+      # k and v feed the sum so that their dots are not dead code.
+      h = h + (q + jnp.tile(k + vv, nq // nkv)) @ p["o"]
+      h = h + (jax.nn.silu(h @ p["g"]) * (h @ p["u"])) @ p["dn"]
+    logits = h @ emb.T
+    return x + 1e-6 * logits[:, :d]
+
+  run = jax.jit(lambda x: jax.lax.fori_loop(0, steps, one_step, x))
+  x = w(batch, d)
+  jax.block_until_ready(run(x))
+  times = []
+  for _ in range(repeats):
+    start = time.process_time()
+    jax.block_until_ready(run(x))
+    times.append(time.process_time() - start)
+  return float(np.median(times))
+
+
+def main(argv=None) -> None:
+  """Prints the per-op table of one decode call and the dense-matmul floor."""
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--batch", type=int, default=32)
+  parser.add_argument("--prompt_len", type=int, default=64)
+  parser.add_argument("--new_tokens", type=int, default=128)
+  parser.add_argument("--threads", type=int, default=1,
+                      help="CPUs to pin to (read at import, as sampler_bench)")
+  parser.add_argument("--top", type=int, default=20, help="table rows")
+  args = parser.parse_args(argv)
+
+  hf = sampler_bench._hf_model(0)  # pylint: disable=protected-access
+  with tempfile.TemporaryDirectory() as tmp:
+    hf.save_pretrained(tmp)
+    model = sampler_bench.hf_io.load_hf(tmp)
+  rows = np.random.RandomState(0).randint(
+      0, model.config.vocab_size, (args.batch, args.prompt_len)).tolist()
+  sampler = sampling.Sampler(model, args.batch, args.prompt_len + args.new_tokens)
+  sampler.generate(sampler.prefill(rows), args.new_tokens)      # compiles
+  state = sampler.prefill(rows)
+  jax.block_until_ready(state.cache)
+
+  trace_dir = tempfile.mkdtemp(prefix="decode_profile_trace_")
+  jax.profiler.start_trace(trace_dir, create_perfetto_trace=True)
+  start, start_cpu = time.perf_counter(), time.process_time()
+  sampler.generate(state, args.new_tokens)
+  wall, cpu = time.perf_counter() - start, time.process_time() - start_cpu
+  jax.profiler.stop_trace()
+
+  instrs = hlo_instructions(_DUMP, "jit_decode_fn")
+  groups, counts = collections.Counter(), collections.Counter()
+  for e in trace_events(trace_dir):
+    name = e["name"]
+    if name not in instrs or name.startswith("while"):
+      continue
+    shape, label = instrs[name]
+    groups[(label, shape)] += e["dur"] / 1e6
+    counts[(label, shape)] += 1
+  total = sum(groups.values())
+  floor = dense_floor(model.config, args.batch, args.new_tokens)
+
+  print(f"jax {jax.__version__}; batch {args.batch}, prompt {args.prompt_len}, "
+        f"{args.new_tokens} new tokens, greedy; pinned to CPUs "
+        f"{sampler_bench._CPUS}")  # pylint: disable=protected-access
+  print(f"traced generate call: {wall:.4f} s wall, {cpu:.4f} CPU s; thunks "
+        f"summed: {total:.4f} s")
+  print()
+  print("| op | output shape | s per call | share | thunks per step |")
+  print("|---|---|---|---|---|")
+  for (label, shape), sec in groups.most_common(args.top):
+    print(f"| {label} | {shape} | {sec:.4f} | {sec / total:.1%} | "
+          f"{counts[(label, shape)] / args.new_tokens:.1f} |")
+  rest = total - sum(s for _, s in groups.most_common(args.top))
+  print(f"| (the other {max(len(groups) - args.top, 0)} groups) | - | {rest:.4f} | "
+        f"{rest / total:.1%} | - |")
+  dots = sum(s for (label, _), s in groups.items() if "dot_general" in label)
+  print()
+  print("| peer | s per call |")
+  print("|---|---|")
+  print(f"| dense matmuls alone, bare jitted loop (CPU s, median of 5) | {floor:.3f} |")
+  print(f"| every dot of the decode program (profiled thunks) | {dots:.3f} |")
+  print(f"| the decode call (CPU s) | {cpu:.3f} |")
+
+
+if __name__ == "__main__":
+  main()
