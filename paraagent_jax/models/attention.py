@@ -11,7 +11,7 @@ Two kinds of attention run in the model:
     tests; memory grows with T^2.
   - ``"chunked"``: flash attention in pure JAX (`flash_attention`): an online
     softmax over key blocks inside query blocks, with a custom VJP that
-    recomputes scores block by block. Holds `[B,K,G,bq,bk]` scores and the
+    recomputes scores tile by tile in one pass (dq, dk, dv together). Holds `[B,K,G,bq,bk]` scores and the
     per-row log-sum-exp, never T^2; skips the blocks above the diagonal.
     Runs on every backend; the default on the CPU for rows longer than
     `CPU_DENSE_MAX` tokens (and so in the dry run).
@@ -26,8 +26,9 @@ Two kinds of attention run in the model:
     segment ids, run per shard under `shard_map` when the model is sharded.
   - ``"auto"`` (default): splash on TPU, cuDNN on GPU for bf16/fp16 models,
     and on the CPU the reference path in causal query blocks for rows of up
-    to `CPU_DENSE_MAX` tokens (10% faster there than chunked, whose backward
-    recomputes the scores; `benchmarks/attention_bench.py`), chunked beyond.
+    to `CPU_DENSE_MAX` tokens (2-4% faster there than chunked on the demo
+    preset, whose backward recomputes the scores;
+    `benchmarks/attention_bench.py --preset=demo`), chunked beyond.
 
 * **Attention over the KV cache** (prefill, continuation, decode):
   `cache_attention` reads the cache in place, key block by key block, up to
