@@ -59,6 +59,7 @@ def cache_layers(arrays):
     return jnp.stack(arrays)
   return arrays
 
+
 def rms_norm(x, w, eps):
   """HF Qwen3RMSNorm: statistics in fp32, scale applied in the input dtype."""
   x32 = x.astype(jnp.float32)
