@@ -11,9 +11,9 @@ Two kinds of attention run in the model:
     tests; memory grows with T^2.
   - ``"chunked"``: flash attention in pure JAX (`flash_attention`): an online
     softmax over key blocks inside query blocks, with a custom VJP that
-    recomputes scores tile by tile in one pass (dq, dk, dv together). Holds `[B,K,G,bq,bk]` scores and the
-    per-row log-sum-exp, never T^2; skips the blocks above the diagonal.
-    Runs on every backend; the default on the CPU for rows longer than
+    recomputes scores tile by tile in one pass (dq, dk, dv together). Holds
+    `[B,K,G,bq,bk]` scores and the per-row log-sum-exp, never T^2; skips the
+    blocks above the diagonal. Runs on every backend; the default on the CPU for rows longer than
     `CPU_DENSE_MAX` tokens (and so in the dry run).
   - ``"xla"``: `jax.nn.dot_product_attention(implementation="xla")` with a
     dense boolean mask (T^2 memory; a library cross-check).
@@ -26,8 +26,8 @@ Two kinds of attention run in the model:
     segment ids, run per shard under `shard_map` when the model is sharded.
   - ``"auto"`` (default): splash on TPU, cuDNN on GPU for bf16/fp16 models,
     and on the CPU the reference path in causal query blocks for rows of up
-    to `CPU_DENSE_MAX` tokens (2-4% faster there than chunked on the demo
-    preset, whose backward recomputes the scores;
+    to `CPU_DENSE_MAX` tokens (on the demo preset 2-4% faster there than
+    chunked, whose backward recomputes the scores;
     `benchmarks/attention_bench.py --preset=demo`), chunked beyond.
 
 * **Attention over the KV cache** (prefill, continuation, decode):

@@ -20,9 +20,10 @@ reads a layer in place (slicing it out of a stack copied it: 0.13 of 0.99 CPU s
 per call of the b32 sampler bench). `cache_layers` gives the stacked view;
 `forward_chunk` appends a right-padded chunk per row and serves prefill, decode
 and multi-turn continuation (see its docstring for the contract). Slots are the
-second-to-last axis (`CACHE_SEQ_AXIS`) so that a decode step's attention over a
-row's cache is a contiguous [S, H] matmul per kv head (with slots before kv heads
-XLA CPU transposes the whole cache layer every step: ~4x slower decode attention).
+second-to-last axis of every cache array (`cache_capacity` reads it), so that a
+decode step's attention over a row's cache is a contiguous [S, H] matmul per kv
+head (with slots before kv heads XLA CPU transposes the whole cache layer every
+step: ~4x slower decode attention).
 
 Attention itself lives in `paraagent_jax.models.attention`: the cache-free
 forward dispatches on `config.attention` (reference einsum, chunked flash,
@@ -43,10 +44,6 @@ from paraagent_jax import sharding as shd
 from paraagent_jax.models import attention as attn
 # The architecture config and its presets (re-exported: qwen3.Qwen3Config).
 from paraagent_jax.models.qwen3_config import Qwen3Config  # pylint: disable=unused-import
-
-# Axis of the cache slots in a stacked cache array ([L, B, K, S, H]).
-CACHE_SEQ_AXIS = 3
-
 
 def cache_capacity(cache: dict) -> int:
   """Slots per row of a cache from `Qwen3.init_cache` (either layout)."""
