@@ -277,6 +277,10 @@ def train_defaults() -> ml_collections.ConfigDict:
   c.model.attention_chunk = 256
   # LM head + log-softmax over this many positions at a time (0 = all).
   c.model.logits_chunk = 512
+  # > 0: the LM head runs only at loss positions (the SFT loss mask, the RL
+  # policy tokens), gathered into rows of this fraction of the sequence; a
+  # batch with a fuller row runs it everywhere (exact either way). 0 = off.
+  c.model.logits_capacity = 0.0
 
   # Mesh axis sizes (paraagent_jax.sharding.make_mesh); -1 = all the rest.
   c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))

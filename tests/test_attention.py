@@ -195,6 +195,91 @@ def test_chunked_logprobs_equal_unchunked_with_grads(tiny_pair, temperature,
   np.testing.assert_allclose(lp0[:, 1:], ref, atol=1e-5)
 
 
+@pytest.mark.parametrize("chunk,entropy,fuller_row", [
+    (0, False, False), (8, True, False), (0, True, True), (8, False, True)])
+def test_compact_logprobs_equal_masked_full_with_grads(chunk, entropy,
+                                                       fuller_row):
+  """`logits_capacity`: the LM head at the `at` positions only, exactly.
+
+  Rows of 41 tokens (40 targets): capacity 0.25 gives 16 slots a row
+  (ceil(10) rounded up to 8). `fuller_row` puts 20 positions in one row, so
+  the batch takes the all-positions branch of the `lax.cond`.
+  """
+  cfg = qwen3.Qwen3Config.preset("tiny", logits_chunk=chunk)
+  full = qwen3.Qwen3(cfg, rngs=nnx.Rngs(0))
+  compact = qwen3.Qwen3(cfg.replace(logits_capacity=0.25), rngs=nnx.Rngs(0))
+  assert qwen3.compact_width(0.25, 40) == 16
+  b, t = 3, 41
+  ids = jax.random.randint(jax.random.key(4), (b, t), 0, 512)
+  pad = jnp.ones((b, t), jnp.int32).at[2, 33:].set(0)
+  rs = np.random.RandomState(5)
+  at = np.zeros((b, t), np.float32)
+  at[0, [1, 2, 3, 17, 18, 39, 40]] = 1        # scattered, up to the last slot
+  at[1, rs.choice(np.arange(1, t), 16, replace=False)] = 1   # exactly full
+  at[2, 20:26] = 1                             # row 2: real tokens only
+  if fuller_row:
+    at[1, rs.choice(np.arange(1, t), 20, replace=False)] = 1
+  at = jnp.asarray(at)
+  w = jax.random.normal(jax.random.key(6), (b, t))
+
+  def loss(model, mask):
+    out = model.token_logprobs(ids, pad, temperature=0.8,
+                               with_entropy=entropy, at=mask)
+    lp, ent = out if entropy else (out, jnp.zeros_like(out))
+    return jnp.sum(lp * w) + jnp.sum(ent * w), (lp, ent)
+
+  (l1, (lp1, e1)), g1 = nnx.value_and_grad(loss, has_aux=True)(compact, at)
+  (l0, (lp0, e0)), g0 = nnx.value_and_grad(loss, has_aux=True)(full, None)
+  keep = np.asarray(at) > 0
+  # At the `at` positions the values equal the full computation; 0 elsewhere.
+  np.testing.assert_allclose(np.where(keep, lp0, 0), lp1, atol=1e-6, rtol=0)
+  np.testing.assert_allclose(np.where(keep, e0, 0), e1, atol=1e-6, rtol=0)
+  assert np.all(np.asarray(lp1)[~keep] == 0) and np.abs(lp1).sum() > 0
+  # Gradients equal those of the full path's masked loss.
+  (_, _), g0m = nnx.value_and_grad(
+      lambda m: (lambda o: (jnp.sum(jnp.where(keep, o[0] * w, 0))
+                            + jnp.sum(jnp.where(keep, o[1] * w, 0)), o))(
+          loss(m, None)[1]), has_aux=True)(full)
+  for a, ref in zip(jax.tree.leaves(g1), jax.tree.leaves(g0m)):
+    np.testing.assert_allclose(a, ref, atol=1e-6 * max(1.0, np.abs(ref).max()),
+                               rtol=0)
+  # The check can fail: the unmasked loss's gradient is a different one.
+  assert any(not np.allclose(a, c, atol=1e-4)
+             for a, c in zip(jax.tree.leaves(g0), jax.tree.leaves(g0m)))
+  del l0, l1
+
+
+def test_compact_logprobs_run_the_head_on_the_gathered_rows_only():
+  """At run time the head sees [B, W] rows when every row fits, else [B, T-1].
+
+  A `jax.debug.callback` in the head reports the shape it ran on: only the
+  branch the `lax.cond` takes runs its callbacks.
+  """
+  d, v, b, t = 8, 32, 2, 65                       # 64 targets; W(0.25) = 16
+  w = jax.random.normal(jax.random.key(0), (d, v))
+  seen = []
+
+  def head(h):
+    jax.debug.callback(lambda n: seen.append(int(n)), h.shape[1])
+    return h @ w
+
+  h = jax.random.normal(jax.random.key(1), (b, t, d))
+  ids = jax.random.randint(jax.random.key(2), (b, t), 0, v)
+  run = jax.jit(lambda at: qwen3.logprobs_from_hidden(head, h, ids, at=at,
+                                                      capacity=0.25))
+  fits = jnp.zeros((b, t)).at[:, 10:26].set(1)             # 16 a row
+  want = np.asarray(qwen3.logprobs_from_hidden(lambda x: x @ w, h, ids))
+  for at, width in ((fits, 16), (fits.at[1, 30].set(1), t - 1)):
+    seen.clear()
+    got = np.asarray(run(at))
+    jax.effects_barrier()
+    assert seen == [width], (seen, width)
+    np.testing.assert_allclose(got, np.where(np.asarray(at) > 0, want, 0),
+                               atol=1e-6)
+  with pytest.raises(ValueError, match="logits_capacity"):
+    qwen3.Qwen3Config.preset("tiny", logits_capacity=1.5)
+
+
 def test_chunked_logprobs_hold_no_full_logits():
   """The compiled gradient of a chunked loss never allocates [B,T,V] fp32."""
   cfg = qwen3.Qwen3Config.preset("tiny", vocab_size=4096, attention_chunk=128)

@@ -128,24 +128,32 @@ def logprobs_from_logits(logits, tokens, with_entropy: bool = False):
 
 def model_logprobs(model, tokens, attention_mask, positions=None,
                    segment_ids=None, *, temperature: float = 1.0,
-                   with_entropy: bool = False):
+                   with_entropy: bool = False, at=None):
   """Per-token log-probs (and entropies) of `tokens` under `model`.
 
   A model with a `token_logprobs` method (`models.qwen3.Qwen3`: chunked over
-  the sequence, no [B,T,V] fp32 logits) computes them itself; any other model
+  the sequence, no [B,T,V] fp32 logits; with `model.logits_capacity` the LM
+  head runs at the `at` positions only) computes them itself; any other model
   is called for its [B,T,V] logits (``model(tokens, attention_mask=...)``)
   and they go through `logprobs_from_logits`.
+
+  `at` ([B,T] mask, optional): the positions whose values are wanted (the
+  loss mask); the outputs are 0 elsewhere.
   """
   own = getattr(model, "token_logprobs", None)
   if own is not None:
     return own(tokens, attention_mask, positions, segment_ids,
-               temperature=temperature, with_entropy=with_entropy)
+               temperature=temperature, with_entropy=with_entropy, at=at)
   extra = {k: v for k, v in (("positions", positions),
                              ("segment_ids", segment_ids)) if v is not None}
   logits = model(tokens, attention_mask=attention_mask, **extra)
   if temperature != 1.0:
     logits = logits / temperature
-  return logprobs_from_logits(logits, tokens, with_entropy)
+  out = logprobs_from_logits(logits, tokens, with_entropy)
+  if at is None:
+    return out
+  keep = lambda x: jnp.where(at > 0, x, 0.0)
+  return tuple(map(keep, out)) if with_entropy else keep(out)
 
 
 def aggregation_weights(valid, aggregation: str):
@@ -237,8 +245,10 @@ def micro_loss(model, inputs, ref_model, config: GRPOConfig):
   want_entropy = config.compute_entropy or config.entropy_coef != 0
   # The LM head and log-softmax run in sequence chunks (model.logits_chunk):
   # no [B,T,V] fp32 logits.
+  # Only the policy tokens' values are used (every term is masked by valid).
   out = model_logprobs(model, inputs["tokens"], inputs["attention_mask"],
-                       temperature=config.temperature, with_entropy=want_entropy)
+                       temperature=config.temperature, with_entropy=want_entropy,
+                       at=inputs["valid"])
   logp, entropy = out if want_entropy else (out, None)
   if entropy is not None and not config.entropy_coef:
     entropy = jax.lax.stop_gradient(entropy)
@@ -250,7 +260,8 @@ def micro_loss(model, inputs, ref_model, config: GRPOConfig):
         raise ValueError("beta > 0 needs batch.ref_logprobs or a ref_state")
       ref_logp = model_logprobs(ref_model, inputs["tokens"],
                                 inputs["attention_mask"],
-                                temperature=config.temperature)
+                                temperature=config.temperature,
+                                at=inputs["valid"])
     ref_logp = jax.lax.stop_gradient(ref_logp)
   loss, sums = token_loss_terms(logp, inputs, config, ref_logp, entropy)
   return jnp.sum(loss * inputs["weights"]), sums

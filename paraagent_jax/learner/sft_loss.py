@@ -40,8 +40,10 @@ def _fields(batch) -> dict:
 
 
 def _logprobs(model, inputs):
+  # Only the loss positions' log-probs are used (`model.logits_capacity`).
   return grpo.model_logprobs(model, inputs["tokens"], inputs["attention_mask"],
-                             inputs.get("positions"), inputs.get("segment_ids"))
+                             inputs.get("positions"), inputs.get("segment_ids"),
+                             at=inputs["weights"])
 
 
 def _shifted_mask(loss_mask):
@@ -64,9 +66,9 @@ def sft_loss(model, tokens, loss_mask, attention_mask, positions=None,
   Returns:
     The mean negative log-likelihood over masked tokens.
   """
-  logp = grpo.model_logprobs(model, tokens, attention_mask, positions,
-                             segment_ids)
   mask = _shifted_mask(loss_mask)
+  logp = grpo.model_logprobs(model, tokens, attention_mask, positions,
+                             segment_ids, at=mask)
   return -jnp.sum(logp * mask) / jnp.maximum(jnp.sum(mask), 1.0)
 
 

@@ -35,6 +35,7 @@ fp32 logits exist in a training step.
 from __future__ import annotations
 
 import functools
+import math
 
 from flax import nnx
 import jax
@@ -161,9 +162,9 @@ def _layer(p, x, rope_tab, mask, cfg: Qwen3Config, ctx, kv_write=None):
   dt = x.dtype
   con = functools.partial(_constrain, ctx=ctx)
   h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
-  q = jnp.einsum("BTD,DNH->BTNH", h, p["q_proj"].astype(dt))
-  k = jnp.einsum("BTD,DKH->BTKH", h, p["k_proj"].astype(dt))
-  v = jnp.einsum("BTD,DKH->BTKH", h, p["v_proj"].astype(dt))
+  q = _dense(h, p["q_proj"].astype(dt))
+  k = _dense(h, p["k_proj"].astype(dt))
+  v = _dense(h, p["v_proj"].astype(dt))
   q = con(q, ("batch", "seq", "act_heads", None))
   k = con(k, ("batch", "seq", "act_kv_heads", None))
   q = apply_rope(rms_norm(q, p["q_norm"], cfg.rms_norm_eps), rope_tab)
@@ -195,16 +196,36 @@ def _layer(p, x, rope_tab, mask, cfg: Qwen3Config, ctx, kv_write=None):
   # One contraction over N*H (both reshapes are free): written "BTNH,NHD",
   # XLA:CPU contracted H-major and transposed o_proj every call (every decode step).
   o_proj = p["o_proj"].astype(dt)
-  x = x + jnp.einsum("BTE,ED->BTD", att.reshape(*att.shape[:2], -1),
-                     o_proj.reshape(-1, o_proj.shape[-1]))
+  x = x + _dense(att.reshape(*att.shape[:2], -1),
+                 o_proj.reshape(-1, o_proj.shape[-1]))
   x = con(x, ("batch", "seq", "act_embed"))
   h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
-  gate = jnp.einsum("BTD,DF->BTF", h, p["gate_proj"].astype(dt))
-  up = jnp.einsum("BTD,DF->BTF", h, p["up_proj"].astype(dt))
+  gate = _dense(h, p["gate_proj"].astype(dt))
+  up = _dense(h, p["up_proj"].astype(dt))
   hidden = con(jax.nn.silu(gate) * up, ("batch", "seq", "act_mlp"))
-  x = x + jnp.einsum("BTF,FD->BTD", hidden, p["down_proj"].astype(dt))
+  x = x + _dense(hidden, p["down_proj"].astype(dt))
   x = con(x, ("batch", "seq", "act_embed"))
   return x, k_all, v_all
+
+
+def _dense(x, w, w_out_first: bool = False, out_dtype=None):
+  """x [..., In] times a weight [In, *Out] (or [Out, In]): [..., *Out].
+
+  Both sides are flattened to 2-D matrices first (free reshapes). Written as
+  a batched einsum ("BTD,DF->BTF"), the weight gradient that autodiff derives
+  contracts over (B, T) of two 3-D arrays, and XLA:CPU ran it as a slow dot
+  plus transposes of the activations: the demo's SFT step spent ~40% more
+  time in its MLP (benchmarks/train_step_bench.py). As 2-D dots the
+  gradient is one plain [In, M] x [M, Out] product.
+  """
+  lead = x.shape[:-1]
+  x2 = x.reshape(-1, x.shape[-1])
+  if w_out_first:        # [Out, In]: the tied LM head (the embedding)
+    return jnp.einsum("MD,VD->MV", x2, w,
+                      preferred_element_type=out_dtype).reshape(*lead, -1)
+  out = w.shape[1:]
+  y = jnp.dot(x2, w.reshape(w.shape[0], -1), preferred_element_type=out_dtype)
+  return y.reshape(*lead, *out)
 
 
 def _scatter_rows(cache, at, new):
@@ -330,18 +351,18 @@ class Qwen3(nnx.Module):
     """LM-head logits [...,V] float32 of final hidden states `h` [...,D]."""
     cfg = self.config
     if cfg.tie_embeddings:
-      w, spec = self.embed_tokens[...], "VD"
+      logits = _dense(h, self.embed_tokens[...].astype(h.dtype),
+                      w_out_first=True, out_dtype=jnp.float32)
     else:
-      w, spec = self.lm_head[...], "DV"
-    logits = jnp.einsum(f"...D,{spec}->...V", h, w.astype(h.dtype),
-                        preferred_element_type=jnp.float32)
+      logits = _dense(h, self.lm_head[...].astype(h.dtype),
+                      out_dtype=jnp.float32)
     if logits.ndim == 3:
       logits = _constrain(logits, ("batch", "seq", "act_vocab"), self.sharding_ctx)
     return logits.astype(jnp.float32)
 
   def token_logprobs(self, tokens, attention_mask=None, positions=None,
                      segment_ids=None, *, temperature: float = 1.0,
-                     with_entropy: bool = False):
+                     with_entropy: bool = False, at=None):
     """log p(tokens[:, t] | tokens[:, <t]) per position; [B,T] f32, 0 at t = 0.
 
     With `config.logits_chunk` > 0 the LM head, log-softmax (and entropy) run
@@ -350,6 +371,10 @@ class Qwen3(nnx.Module):
     time, never [B,T,V], and the result and its gradients equal the unchunked
     computation (`logits_chunk=0`) up to float rounding.
 
+    `at` ([B,T] mask, e.g. the loss mask) asks for the log-probs of those
+    positions only; the outputs are 0 elsewhere. With `config.logits_capacity`
+    > 0 the LM head then runs at those positions only (`logprobs_from_hidden`).
+
     Returns:
       logp [B,T] (and the entropy [B,T] of each position's predictive
       distribution when `with_entropy`; same shift, 0 at t = 0).
@@ -357,7 +382,8 @@ class Qwen3(nnx.Module):
     h = self.hidden(tokens, attention_mask, positions, segment_ids)
     return logprobs_from_hidden(self.head, h, tokens, temperature=temperature,
                                 with_entropy=with_entropy,
-                                chunk=self.config.logits_chunk)
+                                chunk=self.config.logits_chunk, at=at,
+                                capacity=self.config.logits_capacity)
 
   def init_cache(self, batch_size: int, max_len: int, dtype=None) -> dict:
     """An empty KV cache: {"k","v": zeros, "lengths": [B] int32}.
@@ -449,8 +475,46 @@ def _chunk_logprobs(head, h, tgt, temperature, with_entropy):
   return picked - lse, lse - jnp.sum(probs * logits, axis=-1)
 
 
+def _blocked_logprobs(fn, h, tgt, chunk: int, with_entropy: bool):
+  """`fn` over h [B,T',D] / tgt [B,T'] whole, or in position blocks of `chunk`.
+
+  Each block runs under `jax.checkpoint`, so its logits are recomputed in the
+  backward pass and no [B,T',V] array is ever held.
+  """
+  b, t1 = tgt.shape
+  if chunk <= 0 or chunk >= t1:
+    return fn(h, tgt)
+  n = -(-t1 // chunk)
+  pad = n * chunk - t1
+  hb = jnp.pad(h, ((0, 0), (0, pad), (0, 0))).reshape(b, n, chunk, -1)
+  tb = jnp.pad(tgt, ((0, 0), (0, pad))).reshape(b, n, chunk)
+
+  @jax.checkpoint
+  def body(_, xs):
+    lp_c, ent_c = fn(*xs)
+    return None, (lp_c, lp_c if ent_c is None else ent_c)
+
+  _, (lp, ent) = jax.lax.scan(body, None, (jnp.moveaxis(hb, 1, 0),
+                                           jnp.moveaxis(tb, 1, 0)))
+  lp = jnp.moveaxis(lp, 0, 1).reshape(b, -1)[:, :t1]
+  ent = jnp.moveaxis(ent, 0, 1).reshape(b, -1)[:, :t1] if with_entropy else None
+  return lp, ent
+
+
+def compact_width(capacity: float, length: int) -> int:
+  """Positions per row that `logprobs_from_hidden` computes for `capacity`.
+
+  ceil(capacity * length) rounded up to a multiple of 8, at most `length`;
+  0 when capacity is 0 (the compact path is off).
+  """
+  if capacity <= 0:
+    return 0
+  return min(-(-math.ceil(capacity * length) // 8) * 8, length)
+
+
 def logprobs_from_hidden(head, h, tokens, *, temperature: float = 1.0,
-                         with_entropy: bool = False, chunk: int = 0):
+                         with_entropy: bool = False, chunk: int = 0,
+                         at=None, capacity: float = 0.0):
   """Next-token log-probs (and entropies) from final hidden states.
 
   Args:
@@ -462,6 +526,15 @@ def logprobs_from_hidden(head, h, tokens, *, temperature: float = 1.0,
     chunk: > 0 = sequence positions per block (each block under
       `jax.checkpoint`, so its logits are recomputed in the backward pass);
       0 = all positions at once.
+    at: optional [B,T] mask of the positions whose log-prob is wanted (the
+      loss mask); the outputs are 0 elsewhere. None = every position.
+    capacity: with `at`, > 0 = run the LM head and softmax only at the
+      positions in `at`, gathered into [B, W] rows of W =
+      `compact_width(capacity, T - 1)` slots. A batch where some row has more
+      than W positions in `at` takes the all-positions path instead (a
+      `lax.cond`), so the result is exact either way. The LM head of a
+      4,096-word vocabulary is ~30% of a demo SFT step at 1,024 tokens, and
+      only ~19% of a demonstration's positions are in the loss.
 
   Returns:
     logp [B,T] (0 at t = 0), and entropy [B,T] if asked.
@@ -470,24 +543,38 @@ def logprobs_from_hidden(head, h, tokens, *, temperature: float = 1.0,
   b, t1 = tgt.shape
   fn = functools.partial(_chunk_logprobs, head, temperature=temperature,
                          with_entropy=with_entropy)
-  if chunk <= 0 or chunk >= t1:
-    lp, ent = fn(h, tgt)
-  else:
-    n = -(-t1 // chunk)
-    pad = n * chunk - t1
-    hb = jnp.pad(h, ((0, 0), (0, pad), (0, 0))).reshape(b, n, chunk, -1)
-    tb = jnp.pad(tgt, ((0, 0), (0, pad))).reshape(b, n, chunk)
-
-    @jax.checkpoint
-    def body(_, xs):
-      lp_c, ent_c = fn(*xs)
-      return None, (lp_c, lp_c if ent_c is None else ent_c)
-
-    _, (lp, ent) = jax.lax.scan(body, None, (jnp.moveaxis(hb, 1, 0),
-                                             jnp.moveaxis(tb, 1, 0)))
-    lp = jnp.moveaxis(lp, 0, 1).reshape(b, -1)[:, :t1]
-    ent = jnp.moveaxis(ent, 0, 1).reshape(b, -1)[:, :t1] if with_entropy else None
   pad1 = lambda x: jnp.pad(x, ((0, 0), (1, 0)))
-  if not with_entropy:
-    return pad1(lp)
-  return pad1(lp), pad1(ent)
+
+  def everywhere():
+    lp, ent = _blocked_logprobs(fn, h, tgt, chunk, with_entropy)
+    if at is not None:
+      keep = at[:, 1:] > 0
+      lp = jnp.where(keep, lp, 0.0)
+      ent = None if ent is None else jnp.where(keep, ent, 0.0)
+    return pad1(lp), (pad1(ent) if with_entropy else None)
+
+  width = compact_width(capacity, t1) if at is not None else 0
+  if not 0 < width < t1:
+    lp, ent = everywhere()
+    return (lp, ent) if with_entropy else lp
+
+  sel = at[:, 1:] > 0
+  counts = jnp.sum(sel, axis=1)
+
+  def compact():
+    # Each row's wanted positions, in order, then filler slots (index 0).
+    idx = jax.vmap(lambda s: jnp.nonzero(s, size=width, fill_value=0)[0])(sel)
+    live = jnp.arange(width)[None, :] < counts[:, None]
+    hc = jnp.take_along_axis(h, idx[..., None], axis=1)
+    tc = jnp.take_along_axis(tgt, idx, axis=1)
+    lp_c, ent_c = _blocked_logprobs(fn, hc, tc, chunk, with_entropy)
+    rows = jnp.broadcast_to(jnp.arange(b)[:, None], idx.shape)
+    # Filler slots add 0 (they all point at position 0).
+    scatter = lambda v: pad1(jnp.zeros((b, t1), v.dtype).at[rows, idx].add(
+        jnp.where(live, v, 0.0)))
+    return scatter(lp_c), (scatter(ent_c) if with_entropy else None)
+
+  if with_entropy:
+    return jax.lax.cond(jnp.all(counts <= width), compact, everywhere)
+  return jax.lax.cond(jnp.all(counts <= width), lambda: compact()[0],
+                      lambda: everywhere()[0])

@@ -66,6 +66,11 @@ class Qwen3Config:
   # > 0: `token_logprobs` runs the LM head + log-softmax over this many
   # positions at a time (never a [B,T,V] fp32 array). 0 = all at once.
   logits_chunk: int = 512
+  # > 0: `token_logprobs(..., at=mask)` runs the LM head + log-softmax only at
+  # the positions in `mask`, gathered into rows of this fraction of the
+  # sequence (rounded up to 8); a batch with a fuller row takes the
+  # all-positions path (exact either way). 0 = all positions.
+  logits_capacity: float = 0.0
 
   def __post_init__(self):
     if self.num_heads % self.num_kv_heads:
@@ -84,6 +89,9 @@ class Qwen3Config:
       raise ValueError(f"attention_chunk={self.attention_chunk} must be >= 1")
     if self.logits_chunk < 0:
       raise ValueError(f"logits_chunk={self.logits_chunk} must be >= 0")
+    if not 0.0 <= self.logits_capacity <= 1.0:
+      raise ValueError(f"logits_capacity={self.logits_capacity} must be in "
+                       "[0, 1] (a fraction of the sequence)")
 
   @classmethod
   def preset(cls, name: str, **overrides) -> "Qwen3Config":
