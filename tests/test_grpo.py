@@ -432,9 +432,9 @@ def test_configs_from_config_dicts():
   assert opt.init({"w": jnp.ones((2, 2))}) is not None
 
 
-def run_qwen3_steps(mesh, n_steps=2):
+def run_qwen3_steps(mesh, n_steps=2, **overrides):
   """GRPO steps of the tiny Qwen3 preset, placed like the trainer does."""
-  cfg = qwen3.Qwen3Config.preset("tiny")
+  cfg = qwen3.Qwen3Config.preset("tiny", **overrides)
   model = qwen3.Qwen3(cfg, rngs=nnx.Rngs(0))
   shd.set_sharding_ctx(model, mesh)
   graphdef, state = nnx.split(model)
@@ -463,6 +463,30 @@ def test_qwen3_step_on_2x2x2_mesh_matches_one_device():
   assert_trees_close(p1, p8, 1e-4)
   shardings = [x.sharding for x in jax.tree.leaves(state8)]
   assert any(not s.is_fully_replicated for s in shardings)
+
+
+@pytest.mark.parametrize("mesh_shape", [(1, 1, 1), (2, 2, 2)])
+def test_logits_capacity_gives_the_same_grpo_steps(mesh_shape):
+  """`model.logits_capacity`: the head at the policy tokens only, same update.
+
+  The capacity is set just above the fullest row's share of policy tokens in
+  these batches, so the gathered branch runs (not the fallback).
+  """
+  rows = [batch_lib.synthetic_batch(30 + i, batch_size=B, seq_len=32,
+                                    num_steps=S, num_phases=P, group_size=4,
+                                    vocab_size=qwen3.Qwen3Config.preset("tiny").vocab_size)
+          for i in range(2)]
+  share = max(float(np.max(np.asarray(grpo.valid_tokens(b))[:, 1:].sum(1))) / 31
+              for b in rows)
+  capacity = min(share + 0.05, 0.95)
+  assert qwen3.compact_width(capacity, 31) < 31, share
+  mesh = mesh_of(mesh_shape)
+  p0, m0, _ = run_qwen3_steps(mesh)
+  p1, m1, _ = run_qwen3_steps(mesh, logits_capacity=capacity)
+  for a, b in zip(m0, m1):
+    for k in ("loss", "grad_norm", "clip_frac", "kl", "entropy"):
+      np.testing.assert_allclose(a[k], b[k], rtol=1e-5, atol=1e-7, err_msg=k)
+  assert_trees_close(p0, p1, 1e-5)
 
 
 @pytest.mark.parametrize("with_ref,mesh_shape", [(True, (1, 1, 1)), (False, (1, 1, 1)),
