@@ -6,6 +6,7 @@ import sys
 from flax import nnx
 import jax
 import numpy as np
+import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 
@@ -32,10 +33,8 @@ def test_einsum_projections_equal_the_2d_dots_and_are_restored():
       before = np.asarray(jax.jit(lambda st: logits(st) + 0)(state))
     np.testing.assert_allclose(before, now, atol=1e-5, rtol=0)
   saved = qwen3._dense  # pylint: disable=protected-access
-  try:
+  with pytest.raises(KeyError):
     with train_step_bench._projections(True):  # pylint: disable=protected-access
       raise KeyError("x")
-  except KeyError:
-    pass
   assert qwen3._dense is saved  # pylint: disable=protected-access
   assert saved is not train_step_bench._einsum_dense  # pylint: disable=protected-access

@@ -547,19 +547,14 @@ def logprobs_from_hidden(head, h, tokens, *, temperature: float = 1.0,
 
   def everywhere():
     lp, ent = _blocked_logprobs(fn, h, tgt, chunk, with_entropy)
-    if at is not None:
-      keep = at[:, 1:] > 0
-      lp = jnp.where(keep, lp, 0.0)
-      ent = None if ent is None else jnp.where(keep, ent, 0.0)
+    if sel is not None:
+      lp = jnp.where(sel, lp, 0.0)
+      ent = None if ent is None else jnp.where(sel, ent, 0.0)
     return pad1(lp), (pad1(ent) if with_entropy else None)
 
   width = compact_width(capacity, t1) if at is not None else 0
-  if not 0 < width < t1:
-    lp, ent = everywhere()
-    return (lp, ent) if with_entropy else lp
-
-  sel = at[:, 1:] > 0
-  counts = jnp.sum(sel, axis=1)
+  sel = None if at is None else at[:, 1:] > 0
+  counts = None if at is None else jnp.sum(sel, axis=1)
 
   def compact():
     # Each row's wanted positions, in order, then filler slots (index 0).
@@ -574,7 +569,8 @@ def logprobs_from_hidden(head, h, tokens, *, temperature: float = 1.0,
         jnp.where(live, v, 0.0)))
     return scatter(lp_c), (scatter(ent_c) if with_entropy else None)
 
-  if with_entropy:
-    return jax.lax.cond(jnp.all(counts <= width), compact, everywhere)
-  return jax.lax.cond(jnp.all(counts <= width), lambda: compact()[0],
-                      lambda: everywhere()[0])
+  if 0 < width < t1:
+    lp, ent = jax.lax.cond(jnp.all(counts <= width), compact, everywhere)
+  else:
+    lp, ent = everywhere()
+  return (lp, ent) if with_entropy else lp
