@@ -4,8 +4,9 @@ One jitted forward + backward of the SFT loss (`sft_loss.sft_loss`) on a
 small model (4 layers, hidden 128, 2 heads, 1 KV head, head_dim 32, vocab
 4096), a batch of full rows, for each variant `IMPL[:BLOCK]`:
 `reference` (one dense [T,T] score matrix a head), `reference:N` (causal
-query blocks of N, `attention_block`), `chunked:N` (flash attention in
-blocks of N, `attention_chunk`), `xla` (jax.nn.dot_product_attention).
+query blocks of N, `attention_block`), `blocked:N` (the same blocks with
+the written backward), `chunked:N` (flash attention in blocks of N,
+`attention_chunk`), `xla` (jax.nn.dot_product_attention).
 Variants are timed interleaved (one call each per round) so that outside
 load hits them alike; the table gives the median of `--reps` rounds, the
 speed-up over the first variant, the largest loss and gradient differences
@@ -53,12 +54,15 @@ def main(argv=None):
   ap.add_argument("--batch", type=int, default=8)
   ap.add_argument("--seq", type=int, default=1024)
   ap.add_argument("--variants",
-                  default="reference,reference:128,chunked:128,chunked:256,"
-                          "chunked:512")
+                  default="reference,reference:128,blocked:128,chunked:128,"
+                          "chunked:256,chunked:512")
   ap.add_argument("--reps", type=int, default=5)
-  ap.add_argument("--preset", choices=("small", "demo"), default="small",
+  ap.add_argument("--preset", choices=("small", "demo", "config"),
+                  default="small",
                   help="small: the model above; demo: the demo preset "
-                  "(hidden 256, 4 heads, 2 KV heads, head_dim 64)")
+                  "(hidden 256, 4 heads, 2 KV heads, head_dim 64); config: "
+                  "configs/demo.py's model (hidden 128, 4 heads, 4 KV heads, "
+                  "head_dim 32)")
   args = ap.parse_args(argv)
   b, t = args.batch, args.seq
   rng = np.random.default_rng(0)
@@ -72,13 +76,17 @@ def main(argv=None):
               num_layers=4, num_heads=2, num_kv_heads=1, head_dim=32)
   if args.preset == "demo":
     base = {}
+  elif args.preset == "config":
+    base.update(num_heads=4, num_kv_heads=4)
   variants = [v for v in args.variants.split(",") if v]
   steps, outs, temps = {}, {}, {}
   for name in variants:
     impl, _, blk = name.partition(":")
     opts = dict(attention=impl, logits_chunk=0)
     if blk:
-      opts["attention_block" if impl == "reference" else "attention_chunk"] = int(blk)
+      key = ("attention_block" if impl in ("reference", "blocked")
+             else "attention_chunk")
+      opts[key] = int(blk)
     cfg = qwen3.Qwen3Config.preset("demo", **opts, **base)
     step, state = make_step(cfg, tokens, loss_mask, attention_mask)
     t0 = time.perf_counter()

@@ -128,6 +128,9 @@ def main(argv=None):
   ap.add_argument("--with_before", action="store_true",
                   help="packing: also time padded rows on the attention and "
                        "logits path before issue 18 (`BEFORE`)")
+  ap.add_argument("--model_set", default="",
+                  help="packing: model overrides for the timed rows (not the "
+                       "before row), e.g. 'attention=chunked,attention_chunk=128'")
   args = ap.parse_args(argv)
   if args.mode == "packing":
     return packing_main(args)
@@ -206,6 +209,23 @@ def demo_sft_data(args, data_dir: str, pack: bool):
       data, split="train", batch_size=args.batch, seq_len=args.seq, seed=0)
 
 
+def _overrides(spec: str) -> dict:
+  """'a=1,b=x' -> {"a": 1, "b": "x"} (ints and floats parsed)."""
+  out = {}
+  for item in filter(None, spec.split(",")):
+    key, sep, val = item.partition("=")
+    if not sep:
+      raise SystemExit(f"--model_set: {item!r} is not key=value")
+    for cast in (int, float):
+      try:
+        val = cast(val)
+        break
+      except ValueError:
+        pass
+    out[key.strip()] = val
+  return out
+
+
 def packing_main(args):
   """SFT step on real demonstration rows: one per row padded vs packed."""
   args.seq = args.seq or 1024
@@ -224,6 +244,7 @@ def packing_main(args):
       args.preset = config.model.preset
     else:
       attention = {k: config.model[k] for k in ATTENTION_KEYS if k in config.model}
+    attention.update(_overrides(args.model_set))
     # name -> (rows, model overrides, old projections); the padded streams
     # read the same batches.
     variants = {"padded: one demonstration a row": (

@@ -88,9 +88,10 @@ def get_config(arg=None):
     c.model.num_heads = 4
     c.model.num_kv_heads = 4
     c.model.head_dim = 32
-    # model.attention "auto" on the CPU: the reference path in causal query
-    # blocks of 128 for rows up to 2,048 tokens (10% faster than the chunked
-    # flash path at 1,024 on this model; benchmarks/attention_bench.py).
+    # model.attention "auto" on the CPU: "blocked" (dense scores in causal
+    # query blocks of 128, written backward) for rows up to 2,048 tokens;
+    # 1.10x the autodiff reference blocks and 1.16x the chunked flash path at
+    # 1,024 on this model (benchmarks/attention_bench.py --preset=config).
     # Log-probs in one piece: at vocab 4096 the logits of a batch are ~128
     # MiB, and chunking them costs ~5% of a step here.
     c.model.logits_chunk = 0

@@ -267,12 +267,14 @@ def train_defaults() -> ml_collections.ConfigDict:
   c.model.dtype = "float32"
   c.model.scan_layers = False
   c.model.remat = "none"
-  # > 0: causal query blocks in the training forward (exact, skips the upper
-  # triangle; ~1.7x faster SFT steps at T 1024 on the CPU). 0 = dense.
+  # > 0: causal query blocks in the training forward of "reference" (exact,
+  # skips the upper triangle; ~1.7x faster SFT steps at T 1024 on the CPU).
+  # 0 = dense. The query block of "blocked" (0 = 128).
   c.model.attention_block = 0
-  # "auto" | "reference" | "chunked" | "xla" | "cudnn" | "splash" (see
-  # paraagent_jax/models/attention.py; auto = splash on TPU, cuDNN on GPU for
-  # bf16, chunked otherwise) and the block size of the chunked kernels.
+  # "auto" | "reference" | "blocked" | "chunked" | "xla" | "cudnn" | "splash"
+  # (see paraagent_jax/models/attention.py; auto = splash on TPU, cuDNN on GPU
+  # for bf16, on the CPU blocked up to 2,048 tokens, chunked beyond) and the
+  # block size of the chunked kernels.
   c.model.attention = "auto"
   c.model.attention_chunk = 256
   # LM head + log-softmax over this many positions at a time (0 = all).

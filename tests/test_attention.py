@@ -58,7 +58,8 @@ def _value_and_grads(impl, q, k, v, w, mask, seg, **kw):
 
 @pytest.mark.parametrize("impl,block", [("chunked", 16), ("chunked", 7),
                                         ("chunked", 512), ("xla", 0),
-                                        ("reference", 0)])
+                                        ("reference", 0), ("blocked", 13),
+                                        ("blocked", 128)])
 @pytest.mark.parametrize("n,k", [(4, 4), (4, 2), (6, 2)])
 def test_paths_match_reference_forward_and_grads(impl, block, n, k):
   b, t, h = 3, 70, 8                 # 70: not a multiple of the block
@@ -67,7 +68,8 @@ def test_paths_match_reference_forward_and_grads(impl, block, n, k):
   # The reference: dense scores, one [T,T] mask (causal, same segment, real).
   _, want, want_g = _value_and_grads("reference", q, kk, v, w, mask, seg,
                                      block=512)
-  ref_blocked = dict(reference_block=13) if impl == "reference" else {}
+  ref_blocked = (dict(reference_block=13) if impl == "reference" else
+                 dict(reference_block=block) if impl == "blocked" else {})
   _, got, got_g = _value_and_grads(impl, q, kk, v, w, mask, seg,
                                    block=block or 512, **ref_blocked)
   np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
@@ -118,7 +120,7 @@ def test_resolve_auto_and_unknown():
   assert attn.resolve("auto", jnp.bfloat16, platform="gpu") == "cudnn"
   assert attn.resolve("auto", jnp.float32, platform="gpu") == "chunked"
   assert attn.resolve("auto", platform="cpu") == "chunked"
-  assert attn.resolve("auto", platform="cpu", seq_len=2048) == "reference"
+  assert attn.resolve("auto", platform="cpu", seq_len=2048) == "blocked"
   assert attn.resolve("auto", platform="cpu", seq_len=2049) == "chunked"
   assert attn.resolve("auto", jnp.bfloat16, platform="gpu",
                       seq_len=64) == "cudnn"

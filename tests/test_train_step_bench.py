@@ -38,3 +38,13 @@ def test_einsum_projections_equal_the_2d_dots_and_are_restored():
       raise KeyError("x")
   assert qwen3._dense is saved  # pylint: disable=protected-access
   assert saved is not train_step_bench._einsum_dense  # pylint: disable=protected-access
+
+
+def test_model_set_overrides_parse_and_reject_malformed_items():
+  parse = train_step_bench._overrides  # pylint: disable=protected-access
+  assert parse("") == {}
+  assert parse("attention=chunked,attention_chunk=128,logits_capacity=0.25") == {
+      "attention": "chunked", "attention_chunk": 128, "logits_capacity": 0.25}
+  with pytest.raises(SystemExit, match="not key=value"):
+    parse("attention")
+

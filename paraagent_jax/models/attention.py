@@ -9,6 +9,10 @@ Two kinds of attention run in the model:
   - ``"reference"``: the einsum path, dense `[B,K,G,T,S]` fp32 scores (with
     `attention_block` > 0, in causal query blocks). The ground truth of the
     tests; memory grows with T^2.
+  - ``"blocked"``: the reference math in causal query blocks of
+    `attention_block` (default `CPU_QUERY_BLOCK`) with a hand-written VJP
+    that reuses the forward's probabilities (`blocked_attention`); on the
+    demo model ~20% faster than autodiff of the blocked reference path.
   - ``"chunked"``: flash attention in pure JAX (`flash_attention`): an online
     softmax over key blocks inside query blocks, with a custom VJP that
     recomputes scores tile by tile in one pass (dq, dk, dv together). Holds
@@ -25,9 +29,8 @@ Two kinds of attention run in the model:
     (`jax.experimental.pallas.ops.tpu.splash_attention`) with causal mask and
     segment ids, run per shard under `shard_map` when the model is sharded.
   - ``"auto"`` (default): splash on TPU, cuDNN on GPU for bf16/fp16 models,
-    and on the CPU the reference path in causal query blocks for rows of up
-    to `CPU_DENSE_MAX` tokens (on the demo preset 2-4% faster there than
-    chunked, whose backward recomputes the scores;
+    and on the CPU the blocked path for rows of up to `CPU_DENSE_MAX` tokens
+    (faster there than chunked, whose backward recomputes the scores;
     `benchmarks/attention_bench.py --preset=demo`), chunked beyond.
 
 * **Attention over the KV cache** (prefill, continuation, decode):
@@ -54,13 +57,14 @@ from paraagent_jax import sharding as shd
 # position) then gets a uniform softmax in the reference path instead of NaN.
 MASK_VALUE = -1e30
 
-IMPLEMENTATIONS = ("auto", "reference", "chunked", "xla", "cudnn", "splash")
+IMPLEMENTATIONS = ("auto", "reference", "blocked", "chunked", "xla", "cudnn",
+                   "splash")
 
-# "auto" on the CPU: rows up to this long use the reference path in causal
-# query blocks (its [T, T] scores per head are at most 16 MiB here), longer
-# rows the chunked path.
+# "auto" on the CPU: rows up to this long use the blocked path (dense scores
+# per causal query block; its [T, T] scores per head are at most 16 MiB
+# here), longer rows the chunked path.
 CPU_DENSE_MAX = 2048
-# Query block of the reference path when "auto" picks it.
+# Query block of the blocked path when `attention_block` is 0.
 CPU_QUERY_BLOCK = 128
 
 
@@ -69,7 +73,7 @@ def resolve(name: str, dtype=jnp.float32, platform: str | None = None,
   """The concrete implementation `name` stands for on `platform`.
 
   ``"auto"`` is splash on TPU, cuDNN on GPU for bf16/fp16 compute, and
-  otherwise the reference path for rows of at most `CPU_DENSE_MAX` tokens
+  otherwise the blocked path for rows of at most `CPU_DENSE_MAX` tokens
   (`seq_len`; None = long) and chunked beyond. Unknown names raise
   ValueError listing the known ones.
   """
@@ -84,7 +88,7 @@ def resolve(name: str, dtype=jnp.float32, platform: str | None = None,
       jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
     return "cudnn"
   if seq_len is not None and seq_len <= CPU_DENSE_MAX:
-    return "reference"
+    return "blocked"
   return "chunked"
 
 
@@ -147,6 +151,82 @@ def reference_blocked(q, k, v, mask_bts, block: int):
     e = min(t, s + block)
     outs.append(reference(q[:, s:e], k[:, :e], v[:, :e], mask_bts[:, s:e, :e]))
   return jnp.concatenate(outs, axis=1)
+
+
+# --------------------------------------------------------------------------
+# Blocked: dense scores per causal query block, with a written backward.
+
+def _blocked_fwd_block(qg, k, v, vis):
+  """One query block: output [B,t,K,G,H] and probabilities [B,K,G,t,S] (fp32).
+
+  qg [B,t,K,G,H] is pre-scaled; k, v [B,S,K,H]; vis [B,t,S] bool.
+  """
+  s = jnp.einsum("BTKGH,BSKH->BKGTS", qg, k, preferred_element_type=jnp.float32)
+  s = jnp.where(vis[:, None, None], s, MASK_VALUE)
+  p = jnp.exp(s - jnp.max(s, axis=-1, keepdims=True))
+  p = p * (1.0 / jnp.sum(p, axis=-1, keepdims=True))
+  o = jnp.einsum("BKGTS,BSKH->BTKGH", p.astype(v.dtype), v,
+                 preferred_element_type=jnp.float32)
+  return o, p
+
+
+def _blocked_fwd(qg, k, v, vis, block):
+  t = qg.shape[1]
+  outs, probs = [], []
+  for s in range(0, t, block):
+    e = min(t, s + block)
+    o, p = _blocked_fwd_block(qg[:, s:e], k[:, :e], v[:, :e], vis[:, s:e, :e])
+    outs.append(o)
+    probs.append(p)
+  out = jnp.concatenate(outs, axis=1).astype(qg.dtype)
+  return out, (qg, k, v, out, tuple(probs))
+
+
+def _blocked_bwd(block, res, dout):
+  """dq, dk, dv from the saved probabilities: 4 matmuls and 1 elementwise
+  pass over the scores per block (autodiff of the reference path re-reads
+  them several times)."""
+  qg, k, v, out, probs = res
+  t = qg.shape[1]
+  f32 = lambda x: x.astype(jnp.float32)
+  dout = f32(dout)
+  delta = jnp.einsum("BTKGH,BTKGH->BKGT", dout, f32(out))    # sum_h dO * O
+  dqs = []
+  dk = jnp.zeros(k.shape, jnp.float32)
+  dv = jnp.zeros(v.shape, jnp.float32)
+  for i, s in enumerate(range(0, t, block)):
+    e = min(t, s + block)
+    p, do = probs[i], dout[:, s:e]
+    dv = dv.at[:, :e].add(jnp.einsum("BKGTS,BTKGH->BSKH", p, do))
+    dp = jnp.einsum("BTKGH,BSKH->BKGTS", do, f32(v[:, :e]))
+    ds = p * (dp - delta[..., s:e, None])
+    dqs.append(jnp.einsum("BKGTS,BSKH->BTKGH", ds, f32(k[:, :e])))
+    dk = dk.at[:, :e].add(jnp.einsum("BKGTS,BTKGH->BSKH", ds, f32(qg[:, s:e])))
+  dq = jnp.concatenate(dqs, axis=1)
+  return dq.astype(qg.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _blocked(qg, k, v, vis, block):
+  return _blocked_fwd(qg, k, v, vis, block)[0]
+
+
+_blocked.defvjp(_blocked_fwd, _blocked_bwd)
+
+
+def blocked_attention(q, k, v, mask_bts, block: int = CPU_QUERY_BLOCK):
+  """`reference_blocked` with a hand-written backward. [B,T,N,H].
+
+  The same causal query blocks over their key prefix and dense fp32 scores
+  per block, but the VJP reuses the forward's probabilities (saved: about
+  half of the [B,N,T,T] scores, as autodiff of the reference path also
+  keeps) in one elementwise pass per block. The CPU's default for rows of up
+  to `CPU_DENSE_MAX` tokens (`benchmarks/attention_bench.py`).
+  """
+  b, t, n, h = q.shape
+  kh = k.shape[2]
+  qg = (q * jnp.asarray(h ** -0.5, q.dtype)).reshape(b, t, kh, n // kh, h)
+  return _blocked(qg, k, v, mask_bts, max(1, min(block, t))).reshape(b, t, n, h)
 
 
 # --------------------------------------------------------------------------
@@ -363,12 +443,11 @@ def self_attention(q, k, v, *, attention_mask, segment_ids, impl: str,
                    dtype=jnp.float32):
   """Causal self-attention of a cache-free forward, by `impl`. [B,T,N,H]."""
   b, t = q.shape[:2]
-  if impl == "auto":
-    impl = resolve(impl, dtype, seq_len=t)
-    if impl == "reference":
-      reference_block = reference_block or CPU_QUERY_BLOCK
-  impl = resolve(impl, dtype)
+  impl = resolve(impl, dtype, seq_len=t)
   seg = row_segments(attention_mask, segment_ids, b, t)
+  if impl == "blocked":
+    return blocked_attention(q, k, v, dense_mask(seg),
+                             reference_block or CPU_QUERY_BLOCK)
   if impl == "reference":
     mask = dense_mask(seg)
     if 0 < reference_block < t:

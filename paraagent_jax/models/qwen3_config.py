@@ -52,13 +52,15 @@ class Qwen3Config:
   dtype: str = "float32"          # compute dtype (bf16 on TPU)
   scan_layers: bool = False
   remat: str = "none"             # "none" | "full" | "dots"
-  # > 0: the cache-free (training) forward attends in causal query blocks of
-  # this many tokens, each over its key prefix only (exact; skips the upper
-  # triangle). 0 = one dense [T,T] score matrix. See `_attend_blocked`.
+  # "reference": > 0 = the cache-free (training) forward attends in causal
+  # query blocks of this many tokens, each over its key prefix only (exact;
+  # skips the upper triangle); 0 = one dense [T,T] score matrix. "blocked":
+  # its query block (0 = `attention.CPU_QUERY_BLOCK`).
   attention_block: int = 0
   # Attention implementation (`paraagent_jax.models.attention`): "auto" (splash
-  # on TPU, cuDNN on GPU for bf16/fp16, chunked otherwise), "reference" (the
-  # einsum path; `attention_block` applies to it), "chunked", "xla", "cudnn",
+  # on TPU, cuDNN on GPU for bf16/fp16, on the CPU blocked for rows up to
+  # 2,048 tokens and chunked beyond), "reference" (the einsum path, autodiff),
+  # "blocked" (reference blocks, written VJP), "chunked", "xla", "cudnn",
   # "splash". The KV-cache path is chunked unless this is "reference".
   attention: str = "auto"
   # Block size of the chunked/splash kernels and of the cache attention.
@@ -82,7 +84,7 @@ class Qwen3Config:
       raise ValueError(f"remat={self.remat!r}; expected 'none', 'full' or 'dots'")
     if self.attention_block < 0:
       raise ValueError(f"attention_block={self.attention_block} must be >= 0")
-    known = ("auto", "reference", "chunked", "xla", "cudnn", "splash")
+    known = ("auto", "reference", "blocked", "chunked", "xla", "cudnn", "splash")
     if self.attention not in known:
       raise ValueError(f"attention={self.attention!r}; expected one of {known}")
     if self.attention_chunk < 1:
