@@ -11,7 +11,9 @@ The peer in the same run: the same dense matmuls (q, k, v, o, gate, up, down
 of every layer and the LM head, at the same batch and shapes) as a bare jitted
 loop of `--new_tokens` steps, nothing else. It is the floor the model's dense
 part can reach with XLA's own dot on this machine; the table shows what the
-rest (attention over the cache, norms, RoPE, argmax, cache writes) adds.
+rest (attention over the cache, norms, RoPE, argmax, cache writes) adds. The
+same chain in torch (eager, `--threads` threads) is the second peer: it shows
+whether XLA's dot kernels, or the machine, set that floor.
 
   .venv/bin/python benchmarks/decode_profile.py                 # batch 32
   .venv/bin/python benchmarks/decode_profile.py --batch=8 --top=30
@@ -82,39 +84,82 @@ def trace_events(trace_dir: str):
     return [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
 
 
-def dense_floor(cfg, batch: int, steps: int, repeats: int = 5) -> float:
-  """Median seconds of `steps` x the model's dense matmuls alone, jitted."""
-  rs = np.random.RandomState(0)
+def _dense_weights(cfg, seed: int = 0) -> tuple[list, np.ndarray]:
+  """Random fp32 weights of the model's dense matmuls: (per-layer dicts, emb)."""
+  rs = np.random.RandomState(seed)
   d, f, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
   nq, nkv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
 
   def w(*shape):
-    return jnp.asarray(rs.randn(*shape).astype(np.float32) * 0.02)
+    return rs.randn(*shape).astype(np.float32) * 0.02
 
   layers = [dict(q=w(d, nq), k=w(d, nkv), v=w(d, nkv), o=w(nq, d), g=w(d, f),
                  u=w(d, f), dn=w(f, d)) for _ in range(cfg.num_layers)]
-  emb = w(v, d)
+  return layers, w(v, d)
 
-  def one_step(i, x):
-    del i
-    h = x
-    for p in layers:
-      q, k, vv = h @ p["q"], h @ p["k"], h @ p["v"]
-      # k and v feed the sum so that their dots are not dead code.
-      h = h + (q + jnp.tile(k + vv, nq // nkv)) @ p["o"]
-      h = h + (jax.nn.silu(h @ p["g"]) * (h @ p["u"])) @ p["dn"]
-    logits = h @ emb.T
-    return x + 1e-6 * logits[:, :d]
 
-  run = jax.jit(lambda x: jax.lax.fori_loop(0, steps, one_step, x))
-  x = w(batch, d)
-  jax.block_until_ready(run(x))
+def _dense_step(h0, layers, emb, tile, silu):
+  """One decode step's dense matmuls (q, k, v, o, gate, up, down, LM head).
+
+  Written once for both libraries (`tile` and `silu` are theirs); k and v
+  feed the sum so that their dots are not dead code.
+  """
+  h = h0
+  nq = layers[0]["q"].shape[1]
+  for p in layers:
+    q, k, vv = h @ p["q"], h @ p["k"], h @ p["v"]
+    h = h + (q + tile(k + vv, nq // p["k"].shape[1])) @ p["o"]
+    h = h + (silu(h @ p["g"]) * (h @ p["u"])) @ p["dn"]
+  logits = h @ emb.T
+  return h0 + 1e-6 * logits[:, :h0.shape[1]]
+
+
+def _median_cpu(fn, repeats: int) -> tuple[float, np.ndarray]:
+  """(median CPU seconds of `fn` after a warm-up call, its output as numpy)."""
+  out = np.asarray(fn())
   times = []
   for _ in range(repeats):
     start = time.process_time()
-    jax.block_until_ready(run(x))
+    fn()
     times.append(time.process_time() - start)
-  return float(np.median(times))
+  return float(np.median(times)), out
+
+
+def dense_floor(cfg, batch: int, steps: int, repeats: int = 5
+                ) -> tuple[float, np.ndarray]:
+  """Median CPU seconds of `steps` x the model's dense matmuls alone, jitted.
+
+  Returns them with the chain's output (to check the torch peer against).
+  """
+  layers, emb = _dense_weights(cfg)
+  layers = jax.tree.map(jnp.asarray, layers)
+  emb = jnp.asarray(emb)
+  step = lambda i, x: _dense_step(x, layers, emb,
+                                  lambda a, n: jnp.tile(a, n), jax.nn.silu)
+  run = jax.jit(lambda x: jax.lax.fori_loop(0, steps, step, x))
+  x = jnp.asarray(np.random.RandomState(1).randn(batch, cfg.hidden_size)
+                  .astype(np.float32) * 0.02)
+  return _median_cpu(lambda: jax.block_until_ready(run(x)), repeats)
+
+
+def torch_dense_floor(cfg, batch: int, steps: int, repeats: int = 5
+                      ) -> tuple[float, np.ndarray]:
+  """The same chain of matmuls in torch (eager, its threads as set), CPU s."""
+  torch = sampler_bench.torch
+  layers, emb = _dense_weights(cfg)
+  layers = [{k: torch.from_numpy(v) for k, v in p.items()} for p in layers]
+  emb = torch.from_numpy(emb)
+  x0 = torch.from_numpy(np.random.RandomState(1).randn(batch, cfg.hidden_size)
+                        .astype(np.float32) * 0.02)
+
+  def run():
+    x = x0
+    with torch.no_grad():
+      for _ in range(steps):
+        x = _dense_step(x, layers, emb, lambda a, n: a.repeat(1, n),
+                        torch.nn.functional.silu)
+    return x
+  return _median_cpu(run, repeats)
 
 
 def main(argv=None) -> None:
@@ -128,12 +173,9 @@ def main(argv=None) -> None:
   parser.add_argument("--top", type=int, default=20, help="table rows")
   args = parser.parse_args(argv)
 
-  hf = sampler_bench._hf_model(0)  # pylint: disable=protected-access
-  with tempfile.TemporaryDirectory() as tmp:
-    hf.save_pretrained(tmp)
-    model = sampler_bench.hf_io.load_hf(tmp)
-  rows = np.random.RandomState(0).randint(
-      0, model.config.vocab_size, (args.batch, args.prompt_len)).tolist()
+  model = sampler_bench.jax_model_of(sampler_bench._hf_model(0))  # pylint: disable=protected-access
+  rows = sampler_bench.prompt_rows(model.config.vocab_size, args.batch,
+                                   args.prompt_len)
   sampler = sampling.Sampler(model, args.batch, args.prompt_len + args.new_tokens)
   sampler.generate(sampler.prefill(rows), args.new_tokens)      # compiles
   state = sampler.prefill(rows)
@@ -156,7 +198,11 @@ def main(argv=None) -> None:
     groups[(label, shape)] += e["dur"] / 1e6
     counts[(label, shape)] += 1
   total = sum(groups.values())
-  floor = dense_floor(model.config, args.batch, args.new_tokens)
+  floor, x_jax = dense_floor(model.config, args.batch, args.new_tokens)
+  sampler_bench.torch.set_num_threads(args.threads)
+  torch_floor, x_torch = torch_dense_floor(model.config, args.batch,
+                                           args.new_tokens)
+  chain_diff = float(np.max(np.abs(x_jax - x_torch)))
 
   print(f"jax {jax.__version__}; batch {args.batch}, prompt {args.prompt_len}, "
         f"{args.new_tokens} new tokens, greedy; pinned to CPUs "
@@ -177,8 +223,11 @@ def main(argv=None) -> None:
   print("| peer | s per call |")
   print("|---|---|")
   print(f"| dense matmuls alone, bare jitted loop (CPU s, median of 5) | {floor:.3f} |")
+  print(f"| the same matmuls in torch, eager (CPU s, median of 5) | {torch_floor:.3f} |")
   print(f"| every dot of the decode program (profiled thunks) | {dots:.3f} |")
   print(f"| the decode call (CPU s) | {cpu:.3f} |")
+  print(f"\nthe two matmul chains' outputs differ by at most {chain_diff:.1e} "
+        "(the same work on both sides)")
 
 
 if __name__ == "__main__":

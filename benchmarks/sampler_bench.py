@@ -83,6 +83,19 @@ def _hf_model(seed: int) -> transformers.Qwen3ForCausalLM:
   return transformers.Qwen3ForCausalLM(config).eval()
 
 
+def jax_model_of(hf: transformers.Qwen3ForCausalLM):
+  """Our model with `hf`'s weights, through a save and `hf_io.load_hf`."""
+  with tempfile.TemporaryDirectory() as tmp:
+    hf.save_pretrained(tmp)
+    return hf_io.load_hf(tmp)
+
+
+def prompt_rows(vocab: int, batch: int, prompt_len: int, seed: int = 0) -> list:
+  """`batch` random prompts of `prompt_len` token ids, as lists."""
+  return np.random.RandomState(seed).randint(
+      0, vocab, (batch, prompt_len)).tolist()
+
+
 def _hf_runner(hf, prompts: np.ndarray, new_tokens: int, device: str = "cpu"):
   """A warmed-up call of transformers greedy generate; returns its new tokens.
 
@@ -163,9 +176,7 @@ def main(argv=None) -> None:
   torch.set_num_threads(args.threads)
 
   hf = _hf_model(args.seed)
-  with tempfile.TemporaryDirectory() as tmp:
-    hf.save_pretrained(tmp)
-    model = hf_io.load_hf(tmp)
+  model = jax_model_of(hf)
   if args.hf_device != "none":
     hf = hf.to(args.hf_device)
   load_before = os.getloadavg()

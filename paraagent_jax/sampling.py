@@ -124,7 +124,7 @@ class Sampler:
 
   def __init__(self, model, batch_size: int, max_len: int, *,
                min_chunk: int = 16, max_chunk: int = 512, min_decode: int = 16,
-               cache_dtype=None):
+               cache_dtype=None, compiler_options: dict | None = None):
     """Creates a sampler.
 
     Args:
@@ -136,6 +136,10 @@ class Sampler:
         [B, T, V] logits of a chunk and the number of compiled shapes).
       min_decode: smallest decode buffer (token budgets round up to powers of 2).
       cache_dtype: dtype of the K/V cache (default: the model's choice).
+      compiler_options: XLA options for this sampler's programs, as
+        `jax.stages.Lowered.compile(compiler_options=...)` takes them (the names
+        of XLA_FLAGS without the dashes, e.g. {"xla_cpu_prefer_vector_width":
+        512}); they override XLA_FLAGS for these programs only.
     """
     self.graphdef, self.params = nnx.split(model)
     self._model = model
@@ -145,6 +149,7 @@ class Sampler:
     self.max_chunk = _pow2_at_least(max_chunk)
     self.min_decode = _pow2_at_least(min_decode)
     self.cache_dtype = cache_dtype
+    self.compiler_options = dict(compiler_options or {})
 
   def update_params(self, model_or_params) -> None:
     """Points the sampler at new weights (a model, or the params of nnx.split)."""
@@ -156,11 +161,12 @@ class Sampler:
     """Runs `jitted` through the shared AOT cache, counting compilations."""
     static = static or {}
     key = (name, self.graphdef, tuple(sorted(static.items())),
-           _signature(args[1:]))
+           tuple(sorted(self.compiler_options.items())), _signature(args[1:]))
     compiled = _COMPILED.get(key)
     if compiled is None:
       start = time.perf_counter()
-      compiled = jitted.lower(*args, **static).compile()
+      compiled = jitted.lower(*args, **static).compile(
+          compiler_options=self.compiler_options or None)
       stats.compilations += 1
       stats.compile_seconds += time.perf_counter() - start
       _COMPILED[key] = compiled

@@ -30,3 +30,8 @@ def test_profile_table_accounts_for_the_traced_thunks():
   assert any("dot_general" in r[0] and r[1] == "f32[2,4096]" for r in rows), out
   floor = float(re.search(r"dense matmuls alone.*\| ([\d.]+) \|", out).group(1))
   assert floor > 0
+  torch_floor = float(re.search(r"matmuls in torch.*\| ([\d.]+) \|", out).group(1))
+  assert torch_floor > 0
+  # The torch peer runs the same function on the same weights.
+  diff = float(re.search(r"outputs differ by at most ([\d.e+-]+)", out).group(1))
+  assert diff < 1e-5, out

@@ -256,6 +256,47 @@ def test_bucketing_avoids_recompiles_and_counts_tokens(models):
                                 np.asarray(out.state.cache["lengths"]))
 
 
+def _compiled_texts(n_before):
+  """Optimised HLO of the programs compiled after the first `n_before`."""
+  return [c.as_text() for c in list(sampling._COMPILED.values())[n_before:]]  # pylint: disable=protected-access
+
+
+def test_compiler_options_reach_xla_and_keep_tokens(models):
+  """`compiler_options` compile this sampler's programs apart, with the options.
+
+  Clearing YNNPACK's fusion types makes XLA emit its own dots: the compiled
+  programs then hold no `__ynn_fusion` (the default ones do), and the tokens
+  and log-probs stay those of the default programs.
+  """
+  _, model = models
+  prompts = _prompts(21, [5, 8])
+  plain = sampling.Sampler(model, batch_size=2, max_len=32)
+  ref = plain.generate(plain.prefill(prompts), 6)
+  n = len(sampling._COMPILED)  # pylint: disable=protected-access
+  ynn_off = {"xla_cpu_experimental_ynn_fusion_type": ""}
+  other = sampling.Sampler(model, batch_size=2, max_len=32,
+                           compiler_options=ynn_off)
+  out = other.generate(other.prefill(prompts), 6)
+  # Not served from the default programs' cache: compiled anew, without YNN.
+  assert out.state.stats.compilations == 2
+  texts = _compiled_texts(n)
+  assert len(texts) == 2 and not any("__ynn_fusion" in t for t in texts)
+  np.testing.assert_array_equal(out.tokens, ref.tokens)
+  np.testing.assert_allclose(out.logprobs, ref.logprobs, atol=1e-5)
+  # The default decode programs (no options: key[3] is empty) do use YNNPACK,
+  # so the check above could not pass by accident.
+  assert plain.compiler_options == {}
+  default_text = [c.as_text() for k, c in sampling._COMPILED.items()  # pylint: disable=protected-access
+                  if k[0] == "decode" and k[1] is plain.graphdef and not k[3]]
+  assert default_text and all("__ynn_fusion" in t for t in default_text)
+  # A misspelt option fails at the first call and names the option; the state
+  # passed in is not consumed (the error comes before any program runs).
+  bad = sampling.Sampler(model, batch_size=2, max_len=32,
+                         compiler_options={"xla_cpu_no_such_option": 1})
+  with pytest.raises(Exception, match="xla_cpu_no_such_option"):
+    bad.prefill(prompts)
+
+
 def test_cache_blocks_across_turns_match_transformers(models):
   """Histories grow through many cache-attention blocks, mid-turn included."""
   hf, model = models
