@@ -86,7 +86,10 @@ def main(argv=None) -> None:
                       help="JSON {name: {xla option: value}}; default: a set "
                       "of dot libraries and code-generation options")
   args = parser.parse_args(argv)
-  variants = parse_variants(args.variants)
+  try:
+    variants = parse_variants(args.variants)
+  except ValueError as e:
+    parser.error(str(e))   # usage + message, exit 2, before any work
 
   model = sampler_bench.jax_model_of(sampler_bench._hf_model(0))  # pylint: disable=protected-access
   rows = sampler_bench.prompt_rows(model.config.vocab_size, args.batch,

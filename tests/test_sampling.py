@@ -289,8 +289,7 @@ def test_compiler_options_reach_xla_and_keep_tokens(models):
   default_text = [c.as_text() for k, c in sampling._COMPILED.items()  # pylint: disable=protected-access
                   if k[0] == "decode" and k[1] is plain.graphdef and not k[3]]
   assert default_text and all("__ynn_fusion" in t for t in default_text)
-  # A misspelt option fails at the first call and names the option; the state
-  # passed in is not consumed (the error comes before any program runs).
+  # A misspelt option fails at the first call (compiling) and names the option.
   bad = sampling.Sampler(model, batch_size=2, max_len=32,
                          compiler_options={"xla_cpu_no_such_option": 1})
   with pytest.raises(Exception, match="xla_cpu_no_such_option"):

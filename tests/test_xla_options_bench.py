@@ -1,7 +1,9 @@
 """benchmarks/xla_options_bench.py: variants compiled in one process, one table.
 
-Run as a subprocess: the script pins its process to one CPU (through
-sampler_bench) before JAX starts, which must not touch the test process.
+The timed run is a subprocess: the script pins its process to one CPU (through
+sampler_bench) before JAX starts, which must not touch the test process. The
+parser test imports the script in-process and undoes that pinning and its
+XLA_FLAGS edit (JAX has started by then, so they could not have acted on it).
 """
 
 import json
