@@ -131,10 +131,15 @@ def test_resolve_auto_and_unknown():
     qwen3.Qwen3Config.preset("tiny", attention="flash")
 
 
-@pytest.mark.parametrize("s,block", [(50, 16), (64, 64), (40, 512)])
-def test_cache_attention_matches_dense_over_cache(s, block):
-  """Blocks of the cache, a clamped last block, rows of different lengths."""
-  b, t, n, k, h = 3, 4, 4, 2, 8
+@pytest.mark.parametrize("s,block,t", [(50, 16, 4), (64, 64, 4), (40, 512, 4),
+                                       (50, 16, 1), (40, 512, 1)])
+def test_cache_attention_matches_dense_over_cache(s, block, t):
+  """Blocks of the cache, a clamped last block, rows of different lengths.
+
+  t = 1 is a decode step (its scores take another einsum); keys are passed
+  slots last, [B,K,H,S], as the model's cache stores them.
+  """
+  b, n, k, h = 3, 4, 2, 8
   ks = jax.random.split(jax.random.key(7), 3)
   q = jax.random.normal(ks[0], (b, t, n, h))
   kc = jax.random.normal(ks[1], (b, k, s, h))
@@ -143,12 +148,13 @@ def test_cache_attention_matches_dense_over_cache(s, block):
   positions = jnp.asarray(lengths[:, None] + np.arange(t)[None], jnp.int32)
   vis = jnp.arange(s)[None, None, :] <= positions[:, :, None]
   want = attn.reference(q, kc, vc, vis, "BKSH")
-  got = attn.cache_attention(q, kc, vc, positions, int(positions.max()) + 1,
+  kc_t = jnp.swapaxes(kc, -1, -2)
+  got = attn.cache_attention(q, kc_t, vc, positions, int(positions.max()) + 1,
                              block)
   np.testing.assert_allclose(got, want, atol=1e-5)
-  # The stacked form [L,B,K,S,H] reads the same layer.
+  # The stacked form [L,B,K,H,S] / [L,B,K,S,H] reads the same layer.
   stack = lambda x: jnp.stack([x * 0 + 5.0, x])
-  got1 = attn.cache_attention(q, stack(kc), stack(vc), positions,
+  got1 = attn.cache_attention(q, stack(kc_t), stack(vc), positions,
                               int(positions.max()) + 1, block, layer=1)
   np.testing.assert_allclose(got1, want, atol=1e-5)
 

@@ -54,6 +54,22 @@ def test_forward_chunk_ragged_prefill_continue_decode_matches_full(tiny):
     np.testing.assert_allclose(np.stack(got[b]), full, atol=2e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_rope_by_matmul_equals_split_and_concatenate(dtype):
+  """The cache path's RoPE (a signed permutation product) gives the same bits."""
+  x = (jax.random.normal(jax.random.key(0), (3, 5, 4, 64)) * 30).astype(dtype)
+  positions = jnp.asarray([[0, 1, 2, 3, 4], [7, 8, 9, 10, 11],
+                           [40_000, 40_001, 40_002, 40_003, 40_004]])
+  tables = qwen3.rope_tables(positions, 64, 1e6)
+  want = qwen3.apply_rope(x, tables)
+  got = qwen3.apply_rope(x, tables, by_matmul=True)
+  assert got.dtype == want.dtype == dtype
+  np.testing.assert_array_equal(np.asarray(got, np.float32),
+                                np.asarray(want, np.float32))
+  # Not the identity: the rotation moved the values.
+  assert not np.allclose(np.asarray(got, np.float32), np.asarray(x, np.float32))
+
+
 def test_forward_chunk_zero_new_leaves_row_untouched(tiny):
   cache = tiny.init_cache(2, 8)
   ids = jnp.asarray([[1, 2, 3], [4, 5, 6]], jnp.int32)
@@ -61,7 +77,7 @@ def test_forward_chunk_zero_new_leaves_row_untouched(tiny):
   before = jax.tree.map(np.asarray, cache)
   _, cache = tiny.forward_chunk(jnp.asarray([[9], [9]], jnp.int32), cache,
                                 jnp.asarray([0, 1], jnp.int32))
-  k, k_before = qwen3.cache_layers(cache["k"]), qwen3.cache_layers(before["k"])
+  k, k_before = qwen3.cache_layers(cache, "k"), qwen3.cache_layers(before, "k")
   np.testing.assert_array_equal(k[:, 0], k_before[:, 0])
   np.testing.assert_array_equal(cache["lengths"], [3, 3])
   # Row 1's padding slot (index 2 after the first chunk) now holds a real token.
@@ -74,10 +90,10 @@ def test_padding_beyond_capacity_is_dropped_not_clamped(tiny):
   cache = tiny.init_cache(1, 6)
   ids = jnp.asarray([[1, 2, 3, 4, 5]], jnp.int32)
   _, cache = tiny.forward_chunk(ids, cache, jnp.asarray([5], jnp.int32))
-  before = np.asarray(qwen3.cache_layers(cache["k"]))
+  before = np.asarray(qwen3.cache_layers(cache, "k"))
   logits, cache = tiny.forward_chunk(jnp.asarray([[6, 0, 0, 0]], jnp.int32),
                                      cache, jnp.asarray([1], jnp.int32))
-  np.testing.assert_array_equal(np.asarray(qwen3.cache_layers(cache["k"]))[..., :5, :],
+  np.testing.assert_array_equal(np.asarray(qwen3.cache_layers(cache, "k"))[..., :5, :],
                                 before[..., :5, :])
   full = tiny(jnp.asarray([[1, 2, 3, 4, 5, 6]], jnp.int32))
   np.testing.assert_allclose(logits[0, 0], full[0, 5], atol=2e-5)
@@ -121,8 +137,8 @@ def test_scan_layers_and_remat_match_loop(tiny):
   assert isinstance(loop_cache["k"], tuple) and len(loop_cache["k"]) == 2
   assert loop_cache["k"][0].shape == cache["k"].shape[1:]
   for name in ("k", "v"):
-    np.testing.assert_allclose(qwen3.cache_layers(loop_cache[name]), cache[name],
-                               atol=1e-5)
+    np.testing.assert_allclose(qwen3.cache_layers(loop_cache, name),
+                               qwen3.cache_layers(cache, name), atol=1e-5)
   assert qwen3.cache_capacity(loop_cache) == qwen3.cache_capacity(cache) == 12
 
 

@@ -40,7 +40,8 @@ Two kinds of attention run in the model:
   never copies the cache.
 
 All paths keep softmax statistics in fp32. Layouts: q [B,T,N,H], fresh k/v
-[B,S,K,H] ("BSKH"), cache layers [B,K,S,H]; N = K * G query heads.
+[B,S,K,H] ("BSKH"), cache layers: keys [B,K,H,S] (slots last), values
+[B,K,S,H]; N = K * G query heads.
 """
 
 from __future__ import annotations
@@ -498,9 +499,10 @@ def cache_attention(q, k_cache, v_cache, positions, bound, block: int = 256,
 
   Args:
     q: [B,T,N,H] queries of the chunk just written to the cache.
-    k_cache, v_cache: one layer's cache [B,K,S,H] (already holding the chunk),
-      or, with `layer`, the stacked cache [L,B,K,S,H]: blocks are then sliced
-      straight out of the stack (no copy of the layer).
+    k_cache: one layer's keys [B,K,H,S] (slots last), or, with `layer`, the
+      stacked keys [L,B,K,H,S]: blocks are then sliced straight out of the
+      stack (no copy of the layer).
+    v_cache: the values, [B,K,S,H] (or [L,B,K,S,H] with `layer`).
     positions: [B,T] int32, the slot of each query (it sees slots <= it).
     bound: int32 scalar, one more than the largest slot any real query reads
       (the longest live row): blocks from there on are not read.
@@ -509,20 +511,24 @@ def cache_attention(q, k_cache, v_cache, positions, bound, block: int = 256,
 
   Returns:
     [B,T,N,H]. Equal to `reference` over the whole cache with the same mask
-    (up to float rounding); only one [B,K,block,H] slice of the cache and its
+    (up to float rounding); only one block of keys and values and its
     [B,K,G,T,block] scores are live at a time.
   """
   b, t, n, h = q.shape
-  kh, s = k_cache.shape[-3], k_cache.shape[-2]
+  kh, s = v_cache.shape[-3], v_cache.shape[-2]
   bk = min(block, s)
 
-  def read(cache, start):
+  def read(cache, start, axis):
+    """Slots [start, start + bk) along `axis` of one layer's [B,K,.,.]."""
     if layer is None:
-      out = jax.lax.dynamic_slice_in_dim(cache, start, bk, axis=2)
+      out = jax.lax.dynamic_slice_in_dim(cache, start, bk, axis=axis)
     else:
       zero = jnp.zeros((), jnp.int32)
-      idx = (jnp.asarray(layer, jnp.int32), zero, zero, start, zero)
-      out = jax.lax.dynamic_slice(cache, idx, (1, b, kh, bk, h))[0]
+      idx = [jnp.asarray(layer, jnp.int32), zero, zero, zero, zero]
+      idx[axis + 1] = start
+      size = list(cache.shape[1:])
+      size[axis] = bk
+      out = jax.lax.dynamic_slice(cache, idx, [1] + size)[0]
     return from_storage(out)
 
   qg = q.reshape(b, t, kh, n // kh, h)
@@ -535,9 +541,18 @@ def cache_attention(q, k_cache, v_cache, positions, bound, block: int = 256,
     # dynamic_slice clamps the last block to [s - bk, s): slots below j * bk
     # were read by the previous block, so they are masked out here.
     start = jnp.minimum(j * bk, s - bk)
-    kb, vb = read(k_cache, start), read(v_cache, start)
-    sc = jnp.einsum("BTKGH,BKSH->BKGTS", qg, kb.astype(q.dtype),
-                    preferred_element_type=jnp.float32) * scale
+    kb, vb = read(k_cache, start, 3), read(v_cache, start, 2)
+    # Keys [H, S] per kv head: the scores are a [G, H] x [H, S] product with
+    # the slots as the wide, contiguous axis. A decode step (t = 1) drops the
+    # length-1 axis first: with it XLA:CPU laid the scores out [S, G] and ran
+    # the dot at half the speed (docs/sampler_speed.md).
+    if t == 1:
+      sc = jnp.einsum("BKGH,BKHS->BKGS", qg[:, 0], kb.astype(q.dtype),
+                      preferred_element_type=jnp.float32)[:, :, :, None]
+    else:
+      sc = jnp.einsum("BTKGH,BKHS->BKGTS", qg, kb.astype(q.dtype),
+                      preferred_element_type=jnp.float32)
+    sc = sc * scale
     slots = start + jnp.arange(bk)
     vis = (slots[None, None, :] <= positions[:, :, None]) & (
         slots >= j * bk)[None, None, :]                          # [B,T,bk]
@@ -555,6 +570,12 @@ def cache_attention(q, k_cache, v_cache, positions, bound, block: int = 256,
   init = (jnp.full((b, kh, g, t), MASK_VALUE, jnp.float32),
           jnp.zeros((b, kh, g, t), jnp.float32),
           jnp.zeros((b, kh, g, t, h), jnp.float32))
-  _, l, acc = jax.lax.fori_loop(0, n_blocks, step, init)
+  if s <= bk:
+    # One block holds the cache: no loop (its carries and test cost ~1% of a
+    # decode step). The block is read even when no row is live (bound 0);
+    # then every query is padding, whose output is ignored.
+    _, l, acc = step(0, init)
+  else:
+    _, l, acc = jax.lax.fori_loop(0, n_blocks, step, init)
   out = acc / jnp.maximum(l, 1e-30)[..., None]                  # [B,K,G,T,H]
   return jnp.moveaxis(out, 3, 1).reshape(b, t, n, h).astype(q.dtype)

@@ -14,16 +14,18 @@ table; the trainer refuses axes that do not divide). With `scan_layers` the laye
 stacked along a leading "layers" axis and the stack runs under `jax.lax.scan`.
 
 The KV cache is a plain pytree `{"k", "v", "lengths": [B]}`: with
-`scan_layers` "k"/"v" are [L, B, K, S, H] arrays (the scan slices a layer), else
-tuples of L [B, K, S, H] arrays, one buffer per layer, so that a decode step
+`scan_layers` "k"/"v" are stacked [L, ...] arrays (the scan slices a layer),
+else tuples of L per-layer arrays, one buffer per layer, so that a decode step
 reads a layer in place (slicing it out of a stack copied it: 0.13 of 0.99 CPU s
-per call of the b32 sampler bench). `cache_layers` gives the stacked view;
+per call of the b32 sampler bench). Per layer, values are [B, K, S, H] and keys
+[B, K, H, S], slots last: a decode step's scores are then a [G, H] x [H, S]
+product per kv head with the slots as the wide, contiguous axis (XLA CPU ran
+the [S, H] form at half the speed), and its values a [G, S] x [S, H] one. Slots
+come after the kv heads in both (with slots first XLA CPU transposed the whole
+cache layer every step: ~4x slower decode attention). `cache_layers` gives
+either as a stacked [L, B, K, S, H] view and `cache_capacity` the slots;
 `forward_chunk` appends a right-padded chunk per row and serves prefill, decode
-and multi-turn continuation (see its docstring for the contract). Slots are the
-second-to-last axis of every cache array (`cache_capacity` reads it), so that a
-decode step's attention over a row's cache is a contiguous [S, H] matmul per kv
-head (with slots before kv heads XLA CPU transposes the whole cache layer every
-step: ~4x slower decode attention).
+and multi-turn continuation (see its docstring for the contract).
 
 Attention itself lives in `paraagent_jax.models.attention`: the cache-free
 forward dispatches on `config.attention` (reference einsum, chunked flash,
@@ -40,6 +42,7 @@ import math
 from flax import nnx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from paraagent_jax import sharding as shd
 from paraagent_jax.models import attention as attn
@@ -48,14 +51,19 @@ from paraagent_jax.models.qwen3_config import Qwen3Config  # pylint: disable=unu
 
 def cache_capacity(cache: dict) -> int:
   """Slots per row of a cache from `Qwen3.init_cache` (either layout)."""
-  return int(jax.tree.leaves(cache["k"])[0].shape[-2])
+  return int(jax.tree.leaves(cache["v"])[0].shape[-2])
 
 
-def cache_layers(arrays):
-  """`cache["k"]` or `cache["v"]` as one [L, B, K, S, H] array (a copy if per layer)."""
+def cache_layers(cache: dict, name: str):
+  """`cache[name]` ("k" or "v") as one [L, B, K, S, H] array.
+
+  A copy when the cache keeps one buffer per layer; keys, stored slots last
+  ([.., H, S]), come back with their last two axes swapped.
+  """
+  arrays = cache[name]
   if isinstance(arrays, (list, tuple)):
-    return jnp.stack(arrays)
-  return arrays
+    arrays = jnp.stack(arrays)
+  return jnp.swapaxes(arrays, -1, -2) if name == "k" else arrays
 
 
 def rms_norm(x, w, eps):
@@ -73,12 +81,44 @@ def rope_tables(positions, head_dim: int, theta: float):
   return jnp.cos(freqs)[:, :, None, :], jnp.sin(freqs)[:, :, None, :]
 
 
-def apply_rope(x, tables):
-  """Rotates x [B,T,n,H] by the `rope_tables` of its positions."""
+def apply_rope(x, tables, by_matmul: bool = False):
+  """Rotates x [B,T,n,H] by the `rope_tables` of its positions.
+
+  With `by_matmul`, the halves' swap (x1, x2) -> (-x2, x1) is a product with
+  a constant signed permutation matrix, [.., H] x [H, H] at full precision,
+  instead of a split and a concatenate. The values are the same to the bit,
+  up to the sign of zeros (each output is one input times +-1 plus zeros,
+  then the same multiplies and adds). The cache path uses it: XLA:CPU ran the concatenate fused with
+  the q/k norms at ~5 ns an element, and the product made the batch-32
+  decode call ~7% faster (docs/sampler_speed.md). The cache-free forward
+  (training) keeps the concatenate, which accelerators fuse for free.
+  """
   cos, sin = tables
-  x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+  xf = x.astype(jnp.float32)
+  if by_matmul:
+    h = x.shape[-1]
+    rotated = jnp.einsum("...i,ij->...j", xf, _rotate_half_matrix(h),
+                         precision=jax.lax.Precision.HIGHEST)
+    out = (xf * jnp.concatenate([cos, cos], axis=-1) +
+           rotated * jnp.concatenate([sin, sin], axis=-1))
+    return out.astype(x.dtype)
+  x1, x2 = jnp.split(xf, 2, axis=-1)
   out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
   return out.astype(x.dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _rotate_half_matrix_np(h: int) -> np.ndarray:
+  half = np.arange(h // 2)
+  r = np.zeros((h, h), np.float32)
+  r[half + h // 2, half] = -1.0          # out[j] = -x[j + H/2]  (j < H/2)
+  r[half, half + h // 2] = 1.0           # out[j + H/2] = x[j]
+  return r
+
+
+def _rotate_half_matrix(h: int):
+  """[H, H] R with x @ R = concatenate([-x2, x1]) for x = (x1, x2)."""
+  return jnp.asarray(_rotate_half_matrix_np(h))
 
 
 def rope(x, positions, theta):
@@ -167,8 +207,9 @@ def _layer(p, x, rope_tab, mask, cfg: Qwen3Config, ctx, kv_write=None):
   v = _dense(h, p["v_proj"].astype(dt))
   q = con(q, ("batch", "seq", "act_heads", None))
   k = con(k, ("batch", "seq", "act_kv_heads", None))
-  q = apply_rope(rms_norm(q, p["q_norm"], cfg.rms_norm_eps), rope_tab)
-  k = apply_rope(rms_norm(k, p["k_norm"], cfg.rms_norm_eps), rope_tab)
+  by_matmul = kv_write is not None          # the cache path (see apply_rope)
+  q = apply_rope(rms_norm(q, p["q_norm"], cfg.rms_norm_eps), rope_tab, by_matmul)
+  k = apply_rope(rms_norm(k, p["k_norm"], cfg.rms_norm_eps), rope_tab, by_matmul)
   if kv_write is None:
     k_all = v_all = None
     attention_mask, segment_ids = mask
@@ -181,12 +222,15 @@ def _layer(p, x, rope_tab, mask, cfg: Qwen3Config, ctx, kv_write=None):
     # Advanced indices split by the kv-head slice: the update is [B,T,K,H].
     at = (b_idx, slice(None), slot) if layer is None else (
         layer, b_idx, slice(None), slot)
-    k_all = _scatter_rows(k_all, at, k)
+    # Keys are stored [B,K,H,S] (slots last): the same rows, one more slice.
+    k_at = at[:-1] + (slice(None), slot)
+    k_all = _scatter_rows(k_all, k_at, k)
     v_all = _scatter_rows(v_all, at, v)
     positions, bound = mask
     if cfg.attention == "reference":
       k_l, v_l = (k_all, v_all) if layer is None else (k_all[layer], v_all[layer])
       k_l, v_l = attn.from_storage(k_l), attn.from_storage(v_l)
+      k_l = jnp.swapaxes(k_l, -1, -2)
       s = k_l.shape[2]
       vis = jnp.arange(s, dtype=jnp.int32)[None, None, :] <= positions[:, :, None]
       att = attn.reference(q, k_l.astype(dt), v_l.astype(dt), vis, "BKSH")
@@ -388,8 +432,9 @@ class Qwen3(nnx.Module):
   def init_cache(self, batch_size: int, max_len: int, dtype=None) -> dict:
     """An empty KV cache: {"k","v": zeros, "lengths": [B] int32}.
 
-    "k" and "v" are [L,B,K,S,H] arrays with `scan_layers`, else tuples of L
-    [B,K,S,H] arrays (see the module docstring; `cache_layers` stacks them).
+    "v" is an [L,B,K,S,H] array with `scan_layers`, else a tuple of L
+    [B,K,S,H] arrays; "k" the same with slots last, [.., H, S] (see the
+    module docstring; `cache_layers` gives either as [L,B,K,S,H]).
 
     A bfloat16 cache is stored as uint16 bits (`attention.STORAGE`); read it
     with `attention.from_storage`.
@@ -397,11 +442,13 @@ class Qwen3(nnx.Module):
     cfg = self.config
     dtype = attn.storage_dtype(dtype or cfg.dtype)
     shape = (batch_size, cfg.num_kv_heads, max_len, cfg.head_dim)
+    k_shape = shape[:2] + shape[:1:-1]          # keys [B,K,H,S]: slots last
     if cfg.scan_layers:
-      zeros = lambda: jnp.zeros((cfg.num_layers,) + shape, dtype)
+      zeros = lambda shape: jnp.zeros((cfg.num_layers,) + shape, dtype)
     else:
-      zeros = lambda: tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers))
-    cache = {"k": zeros(), "v": zeros(),
+      zeros = lambda shape: tuple(jnp.zeros(shape, dtype)
+                                  for _ in range(cfg.num_layers))
+    cache = {"k": zeros(k_shape), "v": zeros(shape),
              "lengths": jnp.zeros((batch_size,), jnp.int32)}
     return self.constrain_cache(cache)
 
@@ -409,13 +456,14 @@ class Qwen3(nnx.Module):
     """Applies the cache's logical sharding (batch over data/fsdp, kv heads)."""
     ctx = self.sharding_ctx
     axes = ("batch", "act_kv_heads", "cache_seq", None)
+    k_axes = axes[:2] + axes[:1:-1]
 
-    def con(arrays):
+    def con(arrays, axes):
       if isinstance(arrays, (list, tuple)):
         return tuple(_constrain(a, axes, ctx) for a in arrays)
       return _constrain(arrays, ("layers",) + axes, ctx)
 
-    return {"k": con(cache["k"]), "v": con(cache["v"]),
+    return {"k": con(cache["k"], k_axes), "v": con(cache["v"], axes),
             "lengths": cache["lengths"]}
 
   def forward_chunk(self, input_ids, cache, num_new, logits_at=None):
