@@ -112,7 +112,8 @@ def decode_fn(graphdef, params, cache, next_logits, key, budget, stop_seqs,
     tok = jnp.where(active, tok, pad_id)
     toks = toks.at[:, i].set(tok)
     lps = lps.at[:, i].set(jnp.where(active, lp, 0.0))
-    plps = plps.at[:, i].set(jnp.where(active, plp, 0.0))
+    if not greedy:            # greedy log-probs under "the sampling dist" are 0
+      plps = plps.at[:, i].set(jnp.where(active, plp, 0.0))
     gen_len = gen_len + active.astype(jnp.int32)
     shifted = jnp.concatenate([recent[:, 1:], tok[:, None]], axis=1)
     recent = jnp.where(active[:, None], shifted, recent)

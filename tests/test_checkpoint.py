@@ -146,7 +146,7 @@ def test_finished_steps_are_sealed_and_a_truncated_file_is_named(tmp_path, mesh,
   r = c.restore(abstract_of(state), abstract_of(opt_state))
   assert r.step == 1 and r.data_state == {"next_batch": 1}
   out = capsys.readouterr().out
-  assert f"step 2 unreadable" in out and name in out and "truncated" in out, out
+  assert "step 2 unreadable" in out and name in out and "truncated" in out, out
   # Moved aside, not deleted.
   assert os.path.isfile(os.path.join(tmp_path, "checkpoints", "corrupt-2", name))
   c.close()

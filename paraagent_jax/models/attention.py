@@ -559,7 +559,12 @@ def cache_attention(q, k_cache, v_cache, positions, bound, block: int = 256,
     vis = vis[:, None, None]
     sc = jnp.where(vis, sc, MASK_VALUE)
     m_new = jnp.maximum(m, jnp.max(sc, axis=-1))
-    p = jnp.where(vis, jnp.exp(sc - m_new[..., None]), 0.0)
+    # Masked scores are MASK_VALUE, so their exp is 0 once a row has seen a
+    # key. Before that (m_new = MASK_VALUE) they count as 1, and the first
+    # block with a visible key scales them away (corr = 0). Every real query
+    # sees its own slot; only padding queries, whose output is ignored, see
+    # nothing.
+    p = jnp.exp(sc - m_new[..., None])
     corr = jnp.exp(m - m_new)
     l = l * corr + jnp.sum(p, axis=-1)
     pv = jnp.einsum("BKGTS,BKSH->BKGTH", p.astype(q.dtype), vb.astype(q.dtype),

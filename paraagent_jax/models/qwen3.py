@@ -191,8 +191,9 @@ def _layer(p, x, rope_tab, mask, cfg: Qwen3Config, ctx, kv_write=None):
     cfg: model config.
     ctx: (mesh, rules) for activation constraints, or None.
     kv_write: None for a cache-free forward (S = T); else (k_cache, v_cache,
-      layer, b_idx, slot) with caches [L,B,K,S,H] (or one layer's [B,K,S,H]
-      when `layer` is None): the chunk's keys/values are scattered to `slot`
+      layer, b_idx, slot) with values [L,B,K,S,H] and keys [L,B,K,H,S] (or
+      one layer's [B,K,S,H] / [B,K,H,S] when `layer` is None): the chunk's
+      keys/values are scattered to `slot`
       (out-of-range slots are dropped) and attention reads the layer's slots
       up to the longest live row, in place (`attention.cache_attention`).
 
