@@ -78,16 +78,19 @@ def test_shardings_of_the_arrays(dry):
   assert specs["params['layers'][0]['q_proj'].value"] == p("fsdp", "tensor",
                                                            None)
   assert specs["params['layers'][1]['down_proj'].value"] == p("tensor", "fsdp")
-  # An unscanned model keeps one [B, K, S, H] cache array per layer (a
-  # scanned one a stacked [L, ...]; the model owns the layout): rows over
-  # data x fsdp, kv heads over tensor, slots whole.
+  # An unscanned model keeps one cache array per layer (a scanned one a
+  # stacked [L, ...]; the model owns the layout): values [B, K, S, H], keys
+  # [B, K, H, S] (slots last); rows over data x fsdp, kv heads over tensor,
+  # slots whole.
   shapes = {path: shape for path, shape, _, _, _ in report["arrays"]}
   assert f"kv_cache['k'][{L - 1}]" in shapes and f"kv_cache['k'][{L}]" not in shapes
-  for i in range(L):
-    shape, spec = shapes[f"kv_cache['k'][{i}]"], tuple(specs[f"kv_cache['k'][{i}]"])
-    spec += (None,) * (len(shape) - len(spec))
-    assert shape == (8, K, 1024, H)
-    assert spec == (("data", "fsdp"), "tensor", None, None)
+  for name, want in (("k", (8, K, H, 1024)), ("v", (8, K, 1024, H))):
+    for i in range(L):
+      path = f"kv_cache['{name}'][{i}]"
+      shape, spec = shapes[path], tuple(specs[path])
+      spec += (None,) * (len(shape) - len(spec))
+      assert shape == want, (path, shape)
+      assert spec == (("data", "fsdp"), "tensor", None, None), (path, spec)
   assert specs["rl_batch.tokens"] == p(("data", "fsdp"))
   assert "P('tensor', 'fsdp')" in text   # printed, not only returned
 
