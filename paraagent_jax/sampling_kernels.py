@@ -49,8 +49,8 @@ def token_logprob(logits, tok):
 
   The same arithmetic as `jax.nn.log_softmax` (shift by the row max, minus
   the log of the sum of exponentials) at the picked token only: the full
-  log-softmax wrote a [B, V] array every decode step (measured ~3% of a
-  batch-32 decode call on the CPU; benchmarks/decode_profile.py).
+  log-softmax wrote a [B, V] array every decode step (~2% of a batch-32
+  decode call on the CPU; docs/sampler_speed.md).
   """
   m = jnp.max(logits, axis=-1, keepdims=True)
   lse = jnp.log(jnp.sum(jnp.exp(logits - m), axis=-1))

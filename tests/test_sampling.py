@@ -69,6 +69,19 @@ def _row(out, b):
   return out.tokens[b, :out.lengths[b]].tolist()
 
 
+def test_token_logprob_equals_log_softmax_at_the_token():
+  """The decode loop's per-token log-prob against a numpy log-softmax."""
+  rs = np.random.RandomState(0)
+  logits = (rs.randn(5, 300) * 20).astype(np.float32)
+  logits[1] += 1e4                    # a large shift: still exact after the max
+  tok = np.array([0, 299, 17, 150, int(np.argmax(logits[4]))], np.int32)
+  got = np.asarray(jax.jit(sampling_kernels.token_logprob)(logits, tok))
+  x = logits.astype(np.float64)
+  want = (x - x.max(-1, keepdims=True)
+          - np.log(np.exp(x - x.max(-1, keepdims=True)).sum(-1, keepdims=True)))
+  np.testing.assert_allclose(got, want[np.arange(5), tok], rtol=1e-6, atol=1e-5)
+
+
 def test_greedy_tokens_and_logprobs_match_transformers(models):
   hf, model = models
   prompts = _prompts(0, [7, 3, 12, 1])

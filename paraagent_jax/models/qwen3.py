@@ -88,10 +88,11 @@ def apply_rope(x, tables, by_matmul: bool = False):
   a constant signed permutation matrix, [.., H] x [H, H] at full precision,
   instead of a split and a concatenate. The values are the same to the bit,
   up to the sign of zeros (each output is one input times +-1 plus zeros,
-  then the same multiplies and adds). The cache path uses it: XLA:CPU ran the concatenate fused with
-  the q/k norms at ~5 ns an element, and the product made the batch-32
-  decode call ~7% faster (docs/sampler_speed.md). The cache-free forward
-  (training) keeps the concatenate, which accelerators fuse for free.
+  then the same multiplies and adds). The cache path uses it: XLA:CPU ran
+  the concatenate, fused with the q/k norms, at ~5 ns an element, and the
+  product made the batch-32 decode call ~5-7% faster
+  (docs/sampler_speed.md). The cache-free forward (training) keeps the
+  concatenate, which accelerators fuse for free.
   """
   cos, sin = tables
   xf = x.astype(jnp.float32)
@@ -193,9 +194,9 @@ def _layer(p, x, rope_tab, mask, cfg: Qwen3Config, ctx, kv_write=None):
     kv_write: None for a cache-free forward (S = T); else (k_cache, v_cache,
       layer, b_idx, slot) with values [L,B,K,S,H] and keys [L,B,K,H,S] (or
       one layer's [B,K,S,H] / [B,K,H,S] when `layer` is None): the chunk's
-      keys/values are scattered to `slot`
-      (out-of-range slots are dropped) and attention reads the layer's slots
-      up to the longest live row, in place (`attention.cache_attention`).
+      keys/values are scattered to `slot` (out-of-range slots are dropped)
+      and attention reads the layer's slots up to the longest live row, in
+      place (`attention.cache_attention`).
 
   Returns:
     (x, k_cache, v_cache); the caches are None in the cache-free forward.
