@@ -132,12 +132,15 @@ def test_resolve_auto_and_unknown():
 
 
 @pytest.mark.parametrize("s,block,t", [(50, 16, 4), (64, 64, 4), (40, 512, 4),
-                                       (50, 16, 1), (40, 512, 1)])
+                                       (150, 256, 4), (50, 16, 1), (40, 512, 1),
+                                       (150, 256, 1)])
 def test_cache_attention_matches_dense_over_cache(s, block, t):
   """Blocks of the cache, a clamped last block, rows of different lengths.
 
-  t = 1 is a decode step (its scores take another einsum); keys are passed
-  slots last, [B,K,H,S], as the model's cache stores them.
+  t = 1 is a decode step; keys are passed slots last, [B,K,H,S], as the
+  model's cache stores them. (150, 256, 4): on the CPU a chunk reads blocks
+  of `CPU_CHUNK_KEY_BLOCK` = 64 slots, the last one clamped; a decode step
+  reads the 150 slots as one block.
   """
   b, n, k, h = 3, 4, 2, 8
   ks = jax.random.split(jax.random.key(7), 3)
