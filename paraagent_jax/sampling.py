@@ -4,7 +4,10 @@ The sampler is the hot path of RL: every RL step samples many multi-turn rollout
 It is written against the model contract of `paraagent_jax.models.qwen3`:
 `model.init_cache(batch, max_len)` and `model.forward_chunk(ids, cache, num_new)`,
 where `forward_chunk` appends `num_new[b]` real tokens of a right-padded chunk to
-row `b` of the cache and returns logits for every chunk position.
+row `b` of the cache and returns logits for every chunk position, and
+`model.decode_head()` (None, or an LM-head weight that the sampler builds once per
+set of weights and the decode loop passes back to
+`forward_chunk(..., head_weight=...)`).
 
 Design:
 * `graphdef, params = nnx.split(model)`; the jitted functions are pure functions of
@@ -150,12 +153,25 @@ class Sampler:
     self.min_decode = _pow2_at_least(min_decode)
     self.cache_dtype = cache_dtype
     self.compiler_options = dict(compiler_options or {})
+    # (params, model.decode_head() of them): on the CPU, the LM head as a
+    # transposed copy of the embedding (`Qwen3.decode_head`), built once per
+    # set of weights, not in every decode call.
+    self._head = None
 
   def update_params(self, model_or_params) -> None:
     """Points the sampler at new weights (a model, or the params of nnx.split)."""
     if isinstance(model_or_params, nnx.Module):
       _, model_or_params = nnx.split(model_or_params)
     self.params = model_or_params
+    self._head = None
+
+  def _decode_head(self, stats: SamplerStats):
+    """The decode loop's LM-head weight for the current params (or None)."""
+    if self._head is None or self._head[0] is not self.params:
+      self._head = (self.params, self._call(
+          "decode_head", kernels.DECODE_HEAD_JIT, stats,
+          (self.graphdef, self.params)))
+    return self._head[1]
 
   def _call(self, name, jitted, stats, args, static=None):
     """Runs `jitted` through the shared AOT cache, counting compilations."""
@@ -287,7 +303,8 @@ class Sampler:
                   pad_id=int(pad_token_id))
     args = (self.graphdef, self.params, state.cache, state.next_logits, sub,
             budget, stop_arr, stop_msk,
-            np.float32(max(float(temperature), 1e-6)), np.float32(top_p))
+            np.float32(max(float(temperature), 1e-6)), np.float32(top_p),
+            self._decode_head(state.stats))
     cache, logits, toks, lps, plps, gen_len, hit, steps = self._call(
         "decode", kernels.DECODE_JIT, state.stats, args, static)
     gen_len = np.asarray(gen_len).astype(np.int32)

@@ -90,16 +90,23 @@ def sample_token(logits, key, temperature, top_p, *, greedy: bool, top_k: int,
   return tok.astype(jnp.int32), proc_lp
 
 
+def decode_head_fn(graphdef, params):
+  """`model.decode_head()`: the decode loop's LM-head weight, or None."""
+  return nnx.merge(graphdef, params).decode_head()
+
+
 def decode_fn(graphdef, params, cache, next_logits, key, budget, stop_seqs,
-               stop_mask, temperature, top_p, *, n_buf: int,
+               stop_mask, temperature, top_p, head_weight=None, *, n_buf: int,
                greedy: bool, top_k: int, use_top_p: bool, pad_id: int):
   """Decode loop on device: samples until every row stopped or ran out of budget.
 
   `budget[b]` is row b's token budget (0 = row excluded). `stop_seqs` [S, W] are
   stop sequences right-aligned in a window of the last W generated tokens, with
   `stop_mask` marking their real positions (stop ids are sequences of length 1).
-  The cache is carried through the loop and updated in place; attention reads
-  it block by block (no copy of it or of a layer).
+  `head_weight`: None, or `decode_head_fn`'s LM-head weight (the sampler builds
+  it once per set of weights). The cache is carried through the loop and
+  updated in place; attention reads it block by block (no copy of it or of a
+  layer).
   """
   model = nnx.merge(graphdef, params)
   b = next_logits.shape[0]
@@ -130,7 +137,8 @@ def decode_fn(graphdef, params, cache, next_logits, key, budget, stop_seqs,
     hit = jnp.any(jnp.all(match, axis=-1), axis=-1) & active
     # Feed the token (the stop token too) so the cache holds the whole turn.
     new_logits, cache = model.forward_chunk(tok[:, None], cache,
-                                            active.astype(jnp.int32))
+                                            active.astype(jnp.int32),
+                                            head_weight=head_weight)
     logits = jnp.where(active[:, None], new_logits[:, 0].astype(jnp.float32),
                        logits)
     active = active & ~hit & (gen_len < budget)
@@ -152,6 +160,7 @@ def decode_fn(graphdef, params, cache, next_logits, key, budget, stop_seqs,
 
 
 APPEND_JIT = jax.jit(append_fn, donate_argnums=(2, 3))
+DECODE_HEAD_JIT = jax.jit(decode_head_fn)
 DECODE_JIT = jax.jit(
     decode_fn, donate_argnums=(2, 3),
     static_argnames=("n_buf", "greedy", "top_k", "use_top_p", "pad_id"))

@@ -70,6 +70,31 @@ def test_rope_by_matmul_equals_split_and_concatenate(dtype):
   assert not np.allclose(np.asarray(got, np.float32), np.asarray(x, np.float32))
 
 
+def test_decode_head_gives_the_logits_of_head(tiny):
+  """The CPU decode loop's LM head ([D, V + pad], zero pad columns) = `head`."""
+  cfg = tiny.config
+  assert cfg.tie_embeddings and jax.default_backend() == "cpu"
+  w = tiny.decode_head()
+  assert w.shape == (cfg.hidden_size, cfg.vocab_size + qwen3.DECODE_HEAD_PAD)
+  np.testing.assert_array_equal(w[:, :cfg.vocab_size],
+                                np.asarray(tiny.embed_tokens[...]).T)
+  np.testing.assert_array_equal(w[:, cfg.vocab_size:], 0.0)
+  ids = jnp.asarray([[1, 2, 3], [4, 5, 0]], jnp.int32)
+  num_new = jnp.asarray([3, 2], jnp.int32)
+  want, cache_want = tiny.forward_chunk(ids, tiny.init_cache(2, 8), num_new)
+  got, cache_got = tiny.forward_chunk(ids, tiny.init_cache(2, 8), num_new,
+                                      head_weight=w)
+  assert got.shape == want.shape == (2, 3, cfg.vocab_size)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  np.testing.assert_array_equal(cache_got["lengths"], cache_want["lengths"])
+  # An untied head is [D, V] already; a sharded model keeps `head`.
+  untied = qwen3.Qwen3(cfg.replace(tie_embeddings=False), rngs=nnx.Rngs(0))
+  assert untied.decode_head() is None
+  sharded = qwen3.Qwen3(cfg, rngs=nnx.Rngs(0))
+  sharded.sharding_ctx = ("a mesh", "rules")
+  assert sharded.decode_head() is None
+
+
 def test_forward_chunk_zero_new_leaves_row_untouched(tiny):
   cache = tiny.init_cache(2, 8)
   ids = jnp.asarray([[1, 2, 3], [4, 5, 6]], jnp.int32)
