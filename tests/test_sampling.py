@@ -7,6 +7,7 @@ alone vs. in a ragged batch, continuation vs. recomputation from scratch).
 """
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch   # requirements-test.txt: the reference side
@@ -80,6 +81,20 @@ def test_token_logprob_equals_log_softmax_at_the_token():
   want = (x - x.max(-1, keepdims=True)
           - np.log(np.exp(x - x.max(-1, keepdims=True)).sum(-1, keepdims=True)))
   np.testing.assert_allclose(got, want[np.arange(5), tok], rtol=1e-6, atol=1e-5)
+
+
+def test_argmax_is_numpys_first_maximum_and_nan_wins():
+  """The decode loop's argmax: ties give the first index, NaN counts as max."""
+  rs = np.random.RandomState(1)
+  x = rs.randn(6, 4096).astype(np.float32)
+  x[1, [7, 4000]] = 50.0                # a tie: the first index wins
+  x[2, -1] = 60.0                       # the last index
+  x[3, 5] = np.nan                      # NaN wins, as in jnp.argmax
+  x[4] = 0.0                            # all equal
+  got = np.asarray(jax.jit(sampling_kernels.argmax)(x))
+  np.testing.assert_array_equal(got, np.asarray(jnp.argmax(x, axis=-1)))
+  np.testing.assert_array_equal(got[:5], [np.argmax(x[0]), 7, 4095, 5, 0])
+  assert got.dtype == np.int32
 
 
 def test_greedy_tokens_and_logprobs_match_transformers(models):
