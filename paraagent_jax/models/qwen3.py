@@ -401,13 +401,14 @@ class Qwen3(nnx.Module):
     """The tied LM head as a [D, V + 16] matrix for a CPU decode loop, or None.
 
     A decode step's LM head is a [B, D] x [D, V] product. With the embedding
-    [V, D] as its weight (`head`), XLA:CPU ran it at ~92 GFLOP/s against
-    ~118 for the MLP's products. Transposed to [D, V], a power-of-two V (the
-    demo's 4096) spaces a row's columns 16 KiB apart and ran it at ~70;
-    padded with `DECODE_HEAD_PAD` zero columns, at ~109: the head 16% faster
-    (docs/sampler_speed.md). `sampling.Sampler` builds it once per set of
-    weights (a copy of the embedding, kept while the weights are) and its
-    decode loop passes it to `forward_chunk(head_weight=...)`.
+    [V, D] as its weight (`head`), XLA:CPU ran it at 88-94 GFLOP/s against
+    ~118 for the MLP's products. Transposed to [D, V], with a power-of-two V
+    (the demo's 4096: a row's columns 16 KiB apart), at 63-101 GFLOP/s,
+    erratic from run to run; padded with `DECODE_HEAD_PAD` zero columns, at
+    100-109: the head 12-16% faster (docs/sampler_speed.md).
+    `sampling.Sampler` builds it once per set of weights (a copy of the
+    embedding, kept while the weights are current) and its decode loop passes
+    it to `forward_chunk(head_weight=...)`.
     None (use `head`) off the CPU, where this copy would buy nothing, for a
     sharded model (the dry run's stand-in for accelerators; a padded vocab
     would not split evenly), and for an untied head, whose weight is [D, V]
