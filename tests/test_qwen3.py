@@ -54,6 +54,35 @@ def test_forward_chunk_ragged_prefill_continue_decode_matches_full(tiny):
     np.testing.assert_allclose(np.stack(got[b]), full, atol=2e-5, rtol=1e-5)
 
 
+def test_forward_chunk_logits_at_equals_full_chunk_and_same_cache(tiny):
+  """With `logits_at` the last layer computes only those positions' outputs.
+
+  The logits must equal the full chunk's at those positions, and the cache
+  (every layer's keys and values, the last layer's too) must be the same.
+  """
+  rng = np.random.default_rng(1)
+  ids = jnp.asarray(rng.integers(0, 512, (3, 8)), jnp.int32)
+  cache = tiny.init_cache(3, 16)
+  # Row 2 already holds 3 tokens; row 1 gets no new ones (padding query).
+  _, cache = tiny.forward_chunk(ids[:, :3], cache, jnp.asarray([0, 0, 3]))
+  num_new = jnp.asarray([8, 0, 5], jnp.int32)
+  full, cache_full = tiny.forward_chunk(ids, cache, num_new)
+  at = num_new - 1
+  got, cache_got = tiny.forward_chunk(ids, cache, num_new, logits_at=at)
+  assert got.shape == (3, 1, tiny.config.vocab_size)
+  for b in (0, 2):          # row 1's logits are garbage by contract
+    np.testing.assert_allclose(np.asarray(got[b, 0]),
+                               np.asarray(full[b, at[b]]), atol=2e-6, rtol=1e-6)
+  for name in ("k", "v"):
+    np.testing.assert_array_equal(
+        np.asarray(qwen3.cache_layers(cache_got, name)),
+        np.asarray(qwen3.cache_layers(cache_full, name)))
+  np.testing.assert_array_equal(np.asarray(cache_got["lengths"]), [8, 0, 8])
+  # The last layer's keys were written for every new position (row 0: 0..7).
+  assert np.abs(np.asarray(
+      qwen3.cache_layers(cache_got, "k")[-1, 0, :, :8])).min() > 0
+
+
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_rope_by_matmul_equals_split_and_concatenate(dtype):
   """The cache path's RoPE (a signed permutation product) gives the same bits."""
