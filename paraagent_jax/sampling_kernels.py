@@ -104,14 +104,19 @@ def decode_head_fn(graphdef, params):
 
 def decode_fn(graphdef, params, cache, next_logits, key, budget, stop_seqs,
                stop_mask, temperature, top_p, head_weight=None, *, n_buf: int,
-               greedy: bool, top_k: int, use_top_p: bool, pad_id: int):
+               greedy: bool, top_k: int, use_top_p: bool, pad_id: int,
+               segments: tuple[int, ...] = ()):
   """Decode loop on device: samples until every row stopped or ran out of budget.
 
   `budget[b]` is row b's token budget (0 = row excluded). `stop_seqs` [S, W] are
   stop sequences right-aligned in a window of the last W generated tokens, with
   `stop_mask` marking their real positions (stop ids are sequences of length 1).
   `head_weight`: None, or `decode_head_fn`'s LM-head weight (the sampler builds
-  it once per set of weights). The cache is carried through the loop and
+  it once per set of weights). `segments`: increasing cache capacities below
+  the cache's: while every active row's next token fits below one, the steps
+  run on a copy of the cache's first slots (`model.cache_prefix`), written
+  back when the loop moves on (the CPU reads every slot of its cache a step).
+  The tokens and log-probs are those of the plain loop. The cache is carried through the loop and
   updated in place; attention reads it block by block (no copy of it or of a
   layer).
   """
@@ -155,12 +160,24 @@ def decode_fn(graphdef, params, cache, next_logits, key, budget, stop_seqs,
   def cond(c):
     return (c[0] < n_buf) & jnp.any(c[4])
 
+  def fits(c, cap):
+    """Whether the next step's writes land below slot `cap`."""
+    return jnp.max(c[1]["lengths"] + c[4].astype(jnp.int32)) <= cap
+
   zeros_f = jnp.zeros((b, n_buf), jnp.float32)
   carry = (jnp.int32(0), cache, next_logits, sample(next_logits, 0),
            budget > 0, jnp.zeros((b,), jnp.int32),
            jnp.full((b, stop_seqs.shape[1]), -1, jnp.int32),
            jnp.full((b, n_buf), pad_id, jnp.int32), zeros_f, zeros_f,
            jnp.zeros((b,), bool))
+  for cap in segments:     # skipped (no copies) once the rows are past `cap`
+    def segment(c, cap=cap):
+      big = c[1]
+      c = (c[0], model.cache_prefix(big, cap)) + c[2:]
+      c = jax.lax.while_loop(lambda c: cond(c) & fits(c, cap), body, c)
+      return (c[0], model.put_cache_prefix(big, c[1])) + c[2:]
+    carry = jax.lax.cond(cond(carry) & fits(carry, cap), segment,
+                         lambda c: c, carry)
   carry = jax.lax.while_loop(cond, body, carry)
   steps, cache, logits, _, _, gen_len, _, toks, lps, plps, hit = carry
   return cache, logits, toks, lps, plps, gen_len, hit, steps
@@ -170,4 +187,5 @@ APPEND_JIT = jax.jit(append_fn, donate_argnums=(2, 3))
 DECODE_HEAD_JIT = jax.jit(decode_head_fn)
 DECODE_JIT = jax.jit(
     decode_fn, donate_argnums=(2, 3),
-    static_argnames=("n_buf", "greedy", "top_k", "use_top_p", "pad_id"))
+    static_argnames=("n_buf", "greedy", "top_k", "use_top_p", "pad_id",
+                     "segments"))

@@ -257,3 +257,26 @@ def test_presets_parameter_counts_and_hf_dict_round_trip():
     qwen3.Qwen3Config.preset("qwen3-13b")
   with pytest.raises(ValueError, match="multiple of num_kv_heads"):
     qwen3.Qwen3Config.preset("tiny", num_kv_heads=3)
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_cache_prefix_steps_equal_full_cache_steps(tiny, scan):
+  """A step on `cache_prefix` equals one on the whole cache; put back, too."""
+  model = _stacked_copy(tiny) if scan else tiny
+  ids = jax.random.randint(jax.random.key(5), (2, 6), 0, 512)
+  cache = model.init_cache(2, 16)
+  _, cache = model.forward_chunk(ids, cache, jnp.asarray([6, 4], jnp.int32))
+  prefix = model.cache_prefix(cache, 8)
+  assert qwen3.cache_capacity(prefix) == 8
+  tok = jnp.asarray([[3], [9]], jnp.int32)
+  one = jnp.asarray([1, 1], jnp.int32)
+  want, cache_want = model.forward_chunk(tok, cache, one)
+  got, prefix = model.forward_chunk(tok, prefix, one)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-6)
+  back = model.put_cache_prefix(cache, prefix)
+  assert qwen3.cache_capacity(back) == 16
+  np.testing.assert_array_equal(np.asarray(back["lengths"]), [7, 5])
+  for name in ("k", "v"):
+    np.testing.assert_allclose(np.asarray(qwen3.cache_layers(back, name)),
+                               np.asarray(qwen3.cache_layers(cache_want, name)),
+                               atol=1e-6)

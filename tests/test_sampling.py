@@ -325,6 +325,49 @@ def test_compiler_options_reach_xla_and_keep_tokens(models):
     bad.prefill(prompts)
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.3])
+def test_decode_segments_equal_the_plain_loop(models, temperature):
+  """Decode steps on smaller copies of the cache give the same outputs.
+
+  Capacity 64 in 4 segments (16, 32, 48 slots): ragged rows cross segment
+  borders at different steps, a stop sequence ends one row, and a second
+  turn continues from the written-back cache.
+  """
+  _, model = models
+  prompts = _prompts(30, [3, 11, 20])
+  free = sampling.generate(model, prompts, max_new_tokens=12)
+  stop = [_row(free, 1)[6:8]]       # ends row 1 (greedy) mid-segment
+  kw = dict(temperature=temperature, stop_sequences=stop, pad_token_id=-1)
+  outs = []
+  n = len(sampling._COMPILED)  # pylint: disable=protected-access
+  for segments in (1, 4):
+    sampler = sampling.Sampler(model, batch_size=3, max_len=64,
+                               decode_segments=segments)
+    assert sampler.segment_capacities == ((16, 32, 48) if segments == 4 else ())
+    first = sampler.generate(sampler.prefill(prompts), 20, **kw)
+    second = sampler.generate(sampler.append(first.state, [[5, 6], [7], [8]]),
+                              14, **kw)
+    outs.append((first, second))
+  texts = _compiled_texts(n)
+  # At least three more while loops (one per segment) in each segmented
+  # decode program (two budgets: two programs per sampler).
+  loops = sorted(t.count(" while(") for t in texts if "decode_fn" in t)
+  assert len(loops) == 4 and loops[0] == loops[1], loops
+  assert loops[2] == loops[3] >= loops[0] + 3, loops
+  for plain, seg in zip(*outs):
+    np.testing.assert_array_equal(seg.tokens, plain.tokens)
+    np.testing.assert_array_equal(seg.lengths, plain.lengths)
+    np.testing.assert_array_equal(seg.stopped, plain.stopped)
+    np.testing.assert_allclose(seg.logprobs, plain.logprobs, atol=1e-6)
+    np.testing.assert_array_equal(seg.state.lengths, plain.state.lengths)
+  # The rows went past 16 and 32 slots during the first call.
+  assert outs[0][0].state.lengths.max() > 32
+  if temperature == 0.0:
+    assert bool(outs[0][0].stopped[1])
+  with pytest.raises(ValueError, match="decode_segments"):
+    sampling.Sampler(model, batch_size=3, max_len=64, decode_segments=0)
+
+
 def test_cache_blocks_across_turns_match_transformers(models):
   """Histories grow through many cache-attention blocks, mid-turn included."""
   hf, model = models

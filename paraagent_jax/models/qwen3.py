@@ -520,6 +520,33 @@ class Qwen3(nnx.Module):
     return {"k": con(cache["k"], k_axes), "v": con(cache["v"], axes),
             "lengths": cache["lengths"]}
 
+  @staticmethod
+  def cache_prefix(cache: dict, n: int) -> dict:
+    """A cache of the first `n` slots of every row and layer (a copy).
+
+    `forward_chunk` on it reads and writes only those slots (writes past
+    them are dropped); `put_cache_prefix` writes it back. The CPU decode loop
+    runs its early steps on such a smaller cache (`sampling_kernels.decode_fn`).
+    """
+    def cut(arrays, axis):
+      if isinstance(arrays, (list, tuple)):
+        return tuple(jax.lax.slice_in_dim(a, 0, n, axis=axis) for a in arrays)
+      return jax.lax.slice_in_dim(arrays, 0, n, axis=axis)
+    # Keys are [.., H, S] (slots last), values [.., S, H].
+    return {"k": cut(cache["k"], -1), "v": cut(cache["v"], -2),
+            "lengths": cache["lengths"]}
+
+  @staticmethod
+  def put_cache_prefix(cache: dict, prefix: dict) -> dict:
+    """`cache` with its first slots replaced by `prefix` (`cache_prefix`'s)."""
+    def put(arrays, parts):
+      if isinstance(arrays, (list, tuple)):
+        return tuple(jax.lax.dynamic_update_slice(a, p, (0,) * a.ndim)
+                     for a, p in zip(arrays, parts))
+      return jax.lax.dynamic_update_slice(arrays, parts, (0,) * arrays.ndim)
+    return {"k": put(cache["k"], prefix["k"]), "v": put(cache["v"], prefix["v"]),
+            "lengths": prefix["lengths"]}
+
   def forward_chunk(self, input_ids, cache, num_new, logits_at=None,
                     head_weight=None):
     """Appends a right-padded chunk to each row of the cache.
