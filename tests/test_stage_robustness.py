@@ -11,6 +11,7 @@ starting parameters do.
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -148,16 +149,27 @@ def test_sigkill_mid_run_and_rerun_ends_exactly_like_an_uninterrupted_run(
     tok_dir, env, reference, tmp_path):
   workdir = str(tmp_path / "killed")
   first = os.path.join(workdir, "checkpoints", "1")
-  proc = subprocess.Popen(cmd(tok_dir, workdir), cwd=ROOT, env=env,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-  deadline = time.monotonic() + 2400
-  while not os.path.isdir(first) and proc.poll() is None:
-    assert time.monotonic() < deadline, "no checkpoint appeared"
-    time.sleep(0.02)
-  # Anywhere in iteration 2 or later: mid-rollout, mid-step, mid-save.
-  time.sleep(np.random.default_rng().uniform(0.0, 1.0))
-  proc.send_signal(signal.SIGKILL)
-  assert proc.wait() == -signal.SIGKILL, "the run ended before the kill"
+  rng = np.random.default_rng()
+  longest = 1.0           # seconds after the first checkpoint
+  for _ in range(6):
+    shutil.rmtree(workdir, ignore_errors=True)
+    proc = subprocess.Popen(cmd(tok_dir, workdir), cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 2400
+    while not os.path.isdir(first) and proc.poll() is None:
+      assert time.monotonic() < deadline, "no checkpoint appeared"
+      time.sleep(0.02)
+    # Anywhere in iteration 2 or later: mid-rollout, mid-step, mid-save.
+    time.sleep(rng.uniform(0.0, longest))
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL, "the run ended before the kill"
+    if ckpt_lib.Checkpointer(workdir).all_steps()[-1] < ITERATIONS:
+      break
+    # The kill landed after the last save (the run was finishing): the
+    # iterations were quicker than `longest`; kill sooner.
+    longest /= 4
+  else:
+    pytest.fail("every kill landed after the last checkpoint")
 
   out = run(env, cmd(tok_dir, workdir))
   resumed = int(out.stdout.split("resumed at iteration ")[1].split("/")[0])
