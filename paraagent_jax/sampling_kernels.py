@@ -161,8 +161,14 @@ def decode_fn(graphdef, params, cache, next_logits, key, budget, stop_seqs,
     return (c[0] < n_buf) & jnp.any(c[4])
 
   def fits(c, cap):
-    """Whether the next step's writes land below slot `cap`."""
-    return jnp.max(c[1]["lengths"] + c[4].astype(jnp.int32)) <= cap
+    """Whether the active rows' next writes land below slot `cap`.
+
+    Inactive rows (stopped, or not generating) are neither written nor
+    read for output, and the prefix written back holds their slots below
+    `cap` unchanged: a long finished row does not keep the others on the
+    whole cache.
+    """
+    return jnp.max(jnp.where(c[4], c[1]["lengths"] + 1, 0)) <= cap
 
   zeros_f = jnp.zeros((b, n_buf), jnp.float32)
   carry = (jnp.int32(0), cache, next_logits, sample(next_logits, 0),

@@ -330,11 +330,13 @@ def test_decode_segments_equal_the_plain_loop(models, temperature):
   """Decode steps on smaller copies of the cache give the same outputs.
 
   Capacity 64 in 4 segments (16, 32, 48 slots): ragged rows cross segment
-  borders at different steps, a stop sequence ends one row, and a second
-  turn continues from the written-back cache.
+  borders at different steps, a stop sequence ends the longest row (greedy),
+  which then no longer keeps the others on the whole cache: a second turn
+  runs rows 0 and 2 on the 32-slot prefix while row 1, inactive, holds slots
+  past it, and a third turn runs row 1 on its whole history again.
   """
   _, model = models
-  prompts = _prompts(30, [3, 11, 20])
+  prompts = _prompts(30, [3, 30, 5])
   free = sampling.generate(model, prompts, max_new_tokens=12)
   stop = [_row(free, 1)[6:8]]       # ends row 1 (greedy) mid-segment
   kw = dict(temperature=temperature, stop_sequences=stop, pad_token_id=-1)
@@ -346,22 +348,27 @@ def test_decode_segments_equal_the_plain_loop(models, temperature):
     assert sampler.segment_capacities == ((16, 32, 48) if segments == 4 else ())
     first = sampler.generate(sampler.prefill(prompts), 20, **kw)
     second = sampler.generate(sampler.append(first.state, [[5, 6], [7], [8]]),
-                              14, **kw)
-    outs.append((first, second))
+                              14, active=[True, False, True], **kw)
+    third = sampler.generate(second.state, 6, temperature=temperature,
+                             pad_token_id=-1)
+    outs.append((first, second, third))
   texts = _compiled_texts(n)
   # At least three more while loops (one per segment) in each segmented
-  # decode program (two budgets: two programs per sampler).
+  # decode program (three calls of different shapes: three programs each).
   loops = sorted(t.count(" while(") for t in texts if "decode_fn" in t)
-  assert len(loops) == 4 and loops[0] == loops[1], loops
-  assert loops[2] == loops[3] >= loops[0] + 3, loops
+  assert len(loops) == 6 and len(set(loops[:3])) == 1, loops
+  assert len(set(loops[3:])) == 1 and loops[3] >= loops[0] + 3, loops
   for plain, seg in zip(*outs):
     np.testing.assert_array_equal(seg.tokens, plain.tokens)
     np.testing.assert_array_equal(seg.lengths, plain.lengths)
     np.testing.assert_array_equal(seg.stopped, plain.stopped)
     np.testing.assert_allclose(seg.logprobs, plain.logprobs, atol=1e-6)
     np.testing.assert_array_equal(seg.state.lengths, plain.state.lengths)
-  # The rows went past 16 and 32 slots during the first call.
-  assert outs[0][0].state.lengths.max() > 32
+  # Row 1 went past 32 slots in the first call; rows 0 and 2 started the
+  # second call below 32 and ended past it.
+  first, second, _ = outs[1]
+  assert first.state.lengths[1] > 32
+  assert max(first.state.lengths[[0, 2]]) + 2 < 32 < min(second.state.lengths[[0, 2]])
   if temperature == 0.0:
     assert bool(outs[0][0].stopped[1])
   with pytest.raises(ValueError, match="decode_segments"):
