@@ -25,8 +25,8 @@ Design:
   holds exactly prompt + generated tokens, and the logits for the next token are
   kept in the state: a later `append` (observation tokens) or `generate` (more
   tokens) continues without recomputing anything. On the CPU the loop is split
-  into segments (`Sampler(decode_segments=...)`): while every row's next token
-  fits in the first 1/4, 2/4, 3/4 of the cache, the steps run on a copy of those
+  into segments (`Sampler(decode_segments=...)`): while every active row's next
+  token fits in the first 1/4, 2/4, 3/4 of the cache, the steps run on a copy of those
   slots (`model.cache_prefix`), so a step does not read all the dead slots.
 * The cache and the next-token logits are donated to every call.
 
@@ -153,8 +153,8 @@ class Sampler:
         of XLA_FLAGS without the dashes, e.g. {"xla_cpu_prefer_vector_width":
         512}); they override XLA_FLAGS for these programs only.
       decode_segments: the decode loop runs its steps on a cache of the
-        first 1/n, 2/n, ... of the capacity while every row's next token fits
-        there (a copy of those slots, written back after), so that a step reads
+        first 1/n, 2/n, ... of the capacity while every active row's next
+        token fits there (a copy of those slots, written back after), so that a step reads
         fewer dead slots: n = `decode_segments`; 1 turns it off. Each segment
         is one more loop in the decode program, and its compile time grows
         about in proportion (the batch-32 bench's first call: 3.5 s at 1, 7 s
@@ -173,7 +173,8 @@ class Sampler:
     self.cache_dtype = cache_dtype
     self.compiler_options = dict(compiler_options or {})
     if decode_segments is None:
-      auto = (jax.default_backend() == "cpu" and self.max_len >= _AUTO_SEGMENTS_MIN_LEN
+      auto = (jax.default_backend() == "cpu"
+              and self.max_len >= _AUTO_SEGMENTS_MIN_LEN
               and hasattr(model, "cache_prefix")
               and getattr(model, "sharding_ctx", None) is None)
       decode_segments = _AUTO_SEGMENTS if auto else 1

@@ -116,9 +116,9 @@ def decode_fn(graphdef, params, cache, next_logits, key, budget, stop_seqs,
   the cache's: while every active row's next token fits below one, the steps
   run on a copy of the cache's first slots (`model.cache_prefix`), written
   back when the loop moves on (the CPU reads every slot of its cache a step).
-  The tokens and log-probs are those of the plain loop. The cache is carried through the loop and
-  updated in place; attention reads it block by block (no copy of it or of a
-  layer).
+  The tokens and log-probs are those of the plain loop. The cache is carried
+  through the loop and updated in place; attention reads it block by block
+  (no copy of it or of a layer).
   """
   model = nnx.merge(graphdef, params)
   b = next_logits.shape[0]
