@@ -158,7 +158,9 @@ class Sampler:
         fewer dead slots: n = `decode_segments`; 1 turns it off. Each segment
         is one more loop in the decode program, and its compile time grows
         about in proportion (the batch-32 bench's first call: 3.5 s at 1, 7 s
-        at 4, 9.5 s at 6; its decode ~6% faster at 4 or 6).
+        at 4, 9.5 s at 6; its decode ~6% faster at 4 or 6). The program holds
+        a copy of the largest prefix ((n-1)/n of the cache); at 1 it holds
+        no copy of the cache.
         None (the default): 4 on the CPU for a cache of at least 128 slots
         and an unsharded model that has `cache_prefix`, else 1. On
         accelerators the cache attention already skips dead blocks in place.

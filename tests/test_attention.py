@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from paraagent_jax import sampling
 from paraagent_jax import sampling_kernels
 from paraagent_jax import sharding as shd
 from paraagent_jax.models import attention as attn
@@ -317,7 +318,11 @@ def test_chunked_logprobs_hold_no_full_logits():
 
 
 def test_decode_program_holds_no_copy_of_the_cache():
-  """The compiled decode loop's temporaries are far below one cache."""
+  """The compiled decode loop's temporaries are far below one cache.
+
+  Except with the CPU's decode segments (the CPU default), which hold a
+  copy of the largest prefix they run on.
+  """
   cfg = qwen3.Qwen3Config.preset("tiny", attention_chunk=128)
   model = qwen3.Qwen3(cfg, rngs=nnx.Rngs(0))
   graphdef, params = nnx.split(model)
@@ -334,6 +339,20 @@ def test_decode_program_holds_no_copy_of_the_cache():
   mem = compiled.memory_analysis()
   assert mem.temp_size_in_bytes < cache_bytes / 8, (mem.temp_size_in_bytes,
                                                     cache_bytes)
+  # The CPU's decode segments trade memory for speed: each runs on a copy of
+  # the cache's first slots, so the program holds the largest prefix (3/4 of
+  # the cache), once (the segments reuse one buffer). Off on accelerators
+  # and with `decode_segments=1`, the program above.
+  segments = sampling.Sampler(model, rows, max_len).segment_capacities
+  assert segments == (1024, 2048, 3072)
+  assert sampling.Sampler(model, rows, max_len,
+                          decode_segments=1).segment_capacities == ()
+  compiled = sampling_kernels.DECODE_JIT.lower(
+      *args, n_buf=16, greedy=False, top_k=0, use_top_p=False, pad_id=0,
+      segments=segments).compile()
+  temp = compiled.memory_analysis().temp_size_in_bytes
+  assert 0.75 * cache_bytes < temp < (0.75 + 1 / 8) * cache_bytes, (
+      temp, cache_bytes)
   # The append (prefill) program too: its temporaries are [B,K,G,T,block]
   # scores (1 MiB each at T = 64; 256 KiB at 16), far below one layer's
   # keys (2 MiB).
