@@ -5,7 +5,11 @@ Profiles one greedy `generate` call of `benchmarks/sampler_bench.py`'s model
 with `jax.profiler`, maps each XLA thunk of the trace to its instruction in the
 optimised HLO of the decode program (dumped by XLA), and prints a table: time
 per call grouped by (JAX op, output shape), largest first. Loops (`while`)
-contain other thunks and are left out of the sum.
+contain other thunks and are left out of the sum. The sampler runs with one
+cache size (`Sampler(cache_steps=1)`): one decode program over the whole
+cache, whose instruction names the trace's thunks can be mapped to. The CPU
+default grows its cache in steps, i.e. runs the same program at smaller sizes
+first (docs/sampler_speed.md).
 
 The peer in the same run: the same dense matmuls (q, k, v, o, gate, up, down
 of every layer and the LM head, at the same batch and shapes) as a bare jitted
@@ -176,7 +180,8 @@ def main(argv=None) -> None:
   model = sampler_bench.jax_model_of(sampler_bench._hf_model(0))  # pylint: disable=protected-access
   rows = sampler_bench.prompt_rows(model.config.vocab_size, args.batch,
                                    args.prompt_len)
-  sampler = sampling.Sampler(model, args.batch, args.prompt_len + args.new_tokens)
+  sampler = sampling.Sampler(model, args.batch, args.prompt_len + args.new_tokens,
+                             cache_steps=1)
   sampler.generate(sampler.prefill(rows), args.new_tokens)      # compiles
   state = sampler.prefill(rows)
   jax.block_until_ready(state.cache)

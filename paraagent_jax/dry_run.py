@@ -310,9 +310,12 @@ def run_dry(config, *, do_compile: bool | Sequence[str] = True,
   stops = sds((2, 2), jnp.int32, replicated)
   stop_mask = sds((2, 2), jnp.bool_, replicated)
   scalar = sds((), jnp.float32, replicated)
+  loop = jax.tree.map(
+      lambda a: sds(np.shape(a), a.dtype, replicated),
+      sampling_kernels.decode_loop_init(np.zeros(rows, np.int32), n_buf, 2, 0))
   lower("decode", lambda: sampling_kernels.DECODE_JIT.lower(  # pylint: disable=protected-access
-      graphdef, state, cache, logits, key, per_row, stops, stop_mask, scalar,
-      scalar, n_buf=n_buf, greedy=False, top_k=int(rl.top_k),
+      graphdef, state, cache, logits, key, loop, per_row, stops, stop_mask,
+      scalar, scalar, greedy=False, top_k=int(rl.top_k),
       use_top_p=float(rl.top_p) < 1.0, pad_id=0))
 
   m = min_array_bytes

@@ -24,10 +24,14 @@ Design:
   the stop token included, is fed back into the cache, so after `generate` the cache
   holds exactly prompt + generated tokens, and the logits for the next token are
   kept in the state: a later `append` (observation tokens) or `generate` (more
-  tokens) continues without recomputing anything. On the CPU the loop is split
-  into segments (`Sampler(decode_segments=...)`): while every active row's next
-  token fits in the first 1/4, 2/4, 3/4 of the cache, the steps run on a copy of those
-  slots (`model.cache_prefix`), so a step does not read all the dead slots.
+  tokens) continues without recomputing anything.
+* On the CPU the cache grows in steps (`Sampler(cache_steps=...)`): a state's
+  cache holds 1/4, 2/4, 3/4 or all of `max_len` slots, the fewest its rows
+  need. When an active row's next token does not fit, the decode loop returns,
+  the host copies the cache into the next size (`model.resize_cache`, a
+  program of its own) and the loop goes on. A CPU decode step reads every slot
+  of its cache (XLA:CPU copies any slice of it), so short rows do not pay for
+  the whole capacity; no decode program holds a copy of the cache.
 * The cache and the next-token logits are donated to every call.
 
 Log-probs: `GenerateOutput.logprobs` is the log-prob of each sampled token under the
@@ -55,10 +59,10 @@ from paraagent_jax.models import qwen3
 # static args, abstract arguments) -> jax.stages.Compiled.
 _COMPILED: dict[Any, Any] = {}
 
-# `Sampler(decode_segments=None)` on the CPU, for caches of at least
-# `_AUTO_SEGMENTS_MIN_LEN` slots (docs/sampler_speed.md).
-_AUTO_SEGMENTS = 4
-_AUTO_SEGMENTS_MIN_LEN = 128
+# `Sampler(cache_steps=None)` on the CPU, for a `max_len` of at least
+# `_AUTO_CACHE_STEPS_MIN_LEN` slots (docs/sampler_speed.md).
+_AUTO_CACHE_STEPS = 4
+_AUTO_CACHE_STEPS_MIN_LEN = 128
 
 
 @dataclasses.dataclass
@@ -69,7 +73,7 @@ class SamplerStats:
   prefill_calls: int = 0
   decode_tokens: int = 0          # real tokens generated
   decode_steps: int = 0           # decode-loop iterations (each one batch forward)
-  decode_calls: int = 0
+  decode_calls: int = 0           # generate calls (a growing cache: several programs)
   compilations: int = 0           # new executables compiled for this state's calls
   compile_seconds: float = 0.0
 
@@ -89,6 +93,8 @@ class SamplerState:
     lengths: [B] int (host): tokens in the cache per row (mirror of cache lengths).
     key: PRNG key consumed by sampling calls.
     stats: counters, shared by every state derived from this one.
+    max_len: the capacity the cache may grow to (None: the cache's own; see
+      `Sampler(cache_steps=...)`).
   """
   cache: Any
   next_logits: jax.Array
@@ -96,6 +102,7 @@ class SamplerState:
   lengths: np.ndarray
   key: jax.Array
   stats: SamplerStats
+  max_len: int | None = None
 
 
 @dataclasses.dataclass
@@ -136,7 +143,7 @@ class Sampler:
   def __init__(self, model, batch_size: int, max_len: int, *,
                min_chunk: int = 16, max_chunk: int = 512, min_decode: int = 16,
                cache_dtype=None, compiler_options: dict | None = None,
-               decode_segments: int | None = None):
+               cache_steps: int | None = None):
     """Creates a sampler.
 
     Args:
@@ -152,17 +159,16 @@ class Sampler:
         `jax.stages.Lowered.compile(compiler_options=...)` takes them (the names
         of XLA_FLAGS without the dashes, e.g. {"xla_cpu_prefer_vector_width":
         512}); they override XLA_FLAGS for these programs only.
-      decode_segments: the decode loop runs its steps on a cache of the
-        first 1/n, 2/n, ... of the capacity while every active row's next
-        token fits there (a copy of those slots, written back after), so that a step reads
-        fewer dead slots: n = `decode_segments`; 1 turns it off. Each segment
-        is one more loop in the decode program, and its compile time grows
-        about in proportion (the batch-32 bench's first call: 3.5 s at 1, 7 s
-        at 4, 9.5 s at 6; its decode ~6% faster at 4 or 6). The program holds
-        a copy of the largest prefix ((n-1)/n of the cache); at 1 it holds
-        no copy of the cache.
-        None (the default): 4 on the CPU for a cache of at least 128 slots
-        and an unsharded model that has `cache_prefix`, else 1. On
+      cache_steps: n: a state's cache holds max_len * j // n slots for the
+        smallest j that its rows need, and grows a step when they need more
+        (a copy, in a program of its own; the decode loop returns to the
+        host for it and goes on). A CPU decode step reads every slot of its
+        cache, so this saves the steps' reads of slots no row has reached
+        (the batch-32 bench's decode ~6% faster at 4). Each cache size has
+        its own append and decode programs, so a rollout compiles more of
+        them. 1 turns it off (the cache is allocated at `max_len`).
+        None (the default): 4 on the CPU for a `max_len` of at least 128
+        and an unsharded model that has `resize_cache`, else 1. On
         accelerators the cache attention already skips dead blocks in place.
     """
     self.graphdef, self.params = nnx.split(model)
@@ -174,18 +180,18 @@ class Sampler:
     self.min_decode = _pow2_at_least(min_decode)
     self.cache_dtype = cache_dtype
     self.compiler_options = dict(compiler_options or {})
-    if decode_segments is None:
+    if cache_steps is None:
       auto = (jax.default_backend() == "cpu"
-              and self.max_len >= _AUTO_SEGMENTS_MIN_LEN
-              and hasattr(model, "cache_prefix")
+              and self.max_len >= _AUTO_CACHE_STEPS_MIN_LEN
+              and hasattr(model, "resize_cache")
               and getattr(model, "sharding_ctx", None) is None)
-      decode_segments = _AUTO_SEGMENTS if auto else 1
-    if int(decode_segments) < 1:
-      raise ValueError(f"decode_segments must be >= 1, got {decode_segments}")
-    n = min(int(decode_segments), self.max_len)
-    # Static capacities of the decode loop's segments (the last is the cache).
-    self.segment_capacities = tuple(sorted({self.max_len * j // n
-                                         for j in range(1, n)} - {0}))
+      cache_steps = _AUTO_CACHE_STEPS if auto else 1
+    if int(cache_steps) < 1:
+      raise ValueError(f"cache_steps must be >= 1, got {cache_steps}")
+    n = min(int(cache_steps), max(self.max_len, 1))
+    # The cache sizes a state goes through (the last is `max_len`).
+    self.cache_capacities = tuple(sorted({self.max_len * j // n
+                                          for j in range(1, n + 1)} - {0}))
     # (params, model.decode_head() of them): on the CPU, the LM head as a
     # transposed copy of the embedding (`Qwen3.decode_head`), built once per
     # set of weights, not in every decode call.
@@ -223,14 +229,31 @@ class Sampler:
 
   def init_state(self, seed: int = 0) -> SamplerState:
     """An empty cache for `batch_size` rows, with a PRNG key from `seed`."""
-    cache = self._model.init_cache(self.batch_size, self.max_len,
-                                   dtype=self.cache_dtype)
     vocab = self._model.config.vocab_size
     return SamplerState(
-        cache=cache, next_logits=jnp.zeros((self.batch_size, vocab), jnp.float32),
+        cache=self._empty_cache(self.cache_capacities[0]),
+        next_logits=jnp.zeros((self.batch_size, vocab), jnp.float32),
         has_logits=np.zeros(self.batch_size, bool),
         lengths=np.zeros(self.batch_size, np.int64),
-        key=jax.random.key(seed), stats=SamplerStats())
+        key=jax.random.key(seed), stats=SamplerStats(), max_len=self.max_len)
+
+  def _empty_cache(self, capacity: int):
+    return self._model.init_cache(self.batch_size, capacity,
+                                  dtype=self.cache_dtype)
+
+  def _fit(self, state: SamplerState, need: int) -> SamplerState:
+    """`state` with a cache of at least `need` (<= `max_len`) slots per row."""
+    have = qwen3.cache_capacity(state.cache)
+    if need <= have:
+      return state
+    capacity = next(c for c in self.cache_capacities if c >= need)
+    if not state.lengths.any():
+      cache = self._empty_cache(capacity)
+    else:
+      cache = self._call("resize", kernels.RESIZE_JIT, state.stats,
+                         (self.graphdef, self.params, state.cache),
+                         dict(capacity=capacity))
+    return dataclasses.replace(state, cache=cache)
 
   def prefill(self, prompt_ids: Sequence[Sequence[int]], seed: int = 0
               ) -> SamplerState:
@@ -262,6 +285,7 @@ class Sampler:
       raise ValueError(
           f"row {b}: {state.lengths[b]} cached + {counts[b]} new tokens exceed "
           f"the cache capacity max_len={self.max_len}")
+    state = self._fit(state, int((state.lengths + counts).max(initial=0)))
     ids = np.zeros((self.batch_size, max(int(counts.max(initial=0)), 1)),
                    np.int32)
     for b, row in enumerate(new_token_ids):
@@ -313,6 +337,7 @@ class Sampler:
       A `GenerateOutput`; `.state` continues the batch.
     """
     bsz = self.batch_size
+    lengths0 = state.lengths
     budget = np.broadcast_to(np.asarray(max_new_tokens, np.int64), (bsz,))
     mask = state.has_logits.copy()
     if active is not None:
@@ -331,23 +356,44 @@ class Sampler:
       stop_msk[i, width - len(s):] = True
     greedy = float(temperature) <= 0.0
     key, sub = jax.random.split(state.key)
-    static = dict(n_buf=n_buf, greedy=greedy, top_k=0 if greedy else int(top_k),
+    static = dict(greedy=greedy, top_k=0 if greedy else int(top_k),
                   use_top_p=(not greedy) and float(top_p) < 1.0,
-                  pad_id=int(pad_token_id), segments=self.segment_capacities)
-    args = (self.graphdef, self.params, state.cache, state.next_logits, sub,
-            budget, stop_arr, stop_msk,
-            np.float32(max(float(temperature), 1e-6)), np.float32(top_p),
-            self._decode_head(state.stats))
-    cache, logits, toks, lps, plps, gen_len, hit, steps = self._call(
-        "decode", kernels.DECODE_JIT, state.stats, args, static)
-    gen_len = np.asarray(gen_len).astype(np.int32)
+                  pad_id=int(pad_token_id))
+    loop = kernels.decode_loop_init(budget, n_buf, width, int(pad_token_id))
+    head = self._decode_head(state.stats)
     stats = state.stats
+    # Runs the loop; when an active row's next token does not fit in the
+    # cache, the loop returns and goes on in the next cache size.
+    need = int(np.where(budget > 0, state.lengths + 1, 0).max(initial=0))
+    state = self._fit(state, need)
+    cache, logits = state.cache, state.next_logits
+    while True:
+      args = (self.graphdef, self.params, cache, logits, sub, loop, budget,
+              stop_arr, stop_msk, np.float32(max(float(temperature), 1e-6)),
+              np.float32(top_p), head)
+      cache, logits, loop = self._call("decode", kernels.DECODE_JIT, stats,
+                                       args, static)
+      # As numpy (small arrays), like the first call's: the same program.
+      loop = tuple(np.asarray(x) for x in loop)
+      steps, active = int(loop[0]), loop[1]
+      if steps >= n_buf or not active.any():
+        break
+      have = qwen3.cache_capacity(cache)
+      if have >= self.max_len:   # unreachable: budgets fit in max_len
+        raise RuntimeError(f"decode stopped at step {steps} with rows active "
+                           f"in a full cache of {have} slots")
+      lengths = np.asarray(cache["lengths"])
+      state = self._fit(dataclasses.replace(state, cache=cache, lengths=lengths),
+                        int(lengths[active].max()) + 1)
+      cache = state.cache
+    _, _, gen_len, _, toks, lps, plps, hit = loop
+    gen_len = np.asarray(gen_len).astype(np.int32)
     stats.decode_calls += 1
-    stats.decode_steps += int(steps)
+    stats.decode_steps += steps
     stats.decode_tokens += int(gen_len.sum())
     new_state = dataclasses.replace(
         state, cache=cache, next_logits=logits, key=key,
-        lengths=state.lengths + gen_len)
+        lengths=lengths0 + gen_len)
     return GenerateOutput(
         tokens=np.asarray(toks)[:, :n_out], logprobs=np.asarray(lps)[:, :n_out],
         processed_logprobs=np.asarray(plps)[:, :n_out], lengths=gen_len,
@@ -432,4 +478,6 @@ def continue_generation(model, state: SamplerState,
 
 def _state_capacity(state: SamplerState) -> int:
   """Cache capacity (slots per row) of a state's cache."""
+  if state.max_len is not None:
+    return int(state.max_len)
   return qwen3.cache_capacity(state.cache)

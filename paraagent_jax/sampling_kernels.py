@@ -8,6 +8,8 @@ cache and the next-token logits, and neither copies it: the model's cache
 attention (`paraagent_jax.models.attention.cache_attention`) reads each layer
 in place, block by block, up to the longest live row, so a step costs time
 proportional to the filled part of the cache, not its capacity.
+`RESIZE_JIT` copies a cache into a larger one, for a sampler whose cache grows
+(`Sampler(cache_steps=...)`; a CPU decode step reads every slot of its cache).
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ from __future__ import annotations
 from flax import nnx
 import jax
 import jax.numpy as jnp
+import numpy as np
+
+from paraagent_jax.models import qwen3
 
 def append_fn(graphdef, params, cache, next_logits, input_ids, num_new):
   """Appends a right-padded chunk; keeps logits at each row's last real token.
@@ -102,26 +107,47 @@ def decode_head_fn(graphdef, params):
   return nnx.merge(graphdef, params).decode_head()
 
 
-def decode_fn(graphdef, params, cache, next_logits, key, budget, stop_seqs,
-               stop_mask, temperature, top_p, head_weight=None, *, n_buf: int,
-               greedy: bool, top_k: int, use_top_p: bool, pad_id: int,
-               segments: tuple[int, ...] = ()):
+def decode_loop_init(budget, n_buf: int, width: int, pad_id: int):
+  """The decode loop's state before its first step, as numpy arrays.
+
+  (step, active, generated lengths, last `width` tokens, tokens, log-probs,
+  log-probs under the sampling dist, stop hit): `decode_fn` takes it and
+  returns it advanced, so a loop that left its cache's capacity can go on
+  in a larger cache (`Sampler(cache_steps=...)`).
+  """
+  b = len(budget)
+  zeros_f = np.zeros((b, n_buf), np.float32)
+  return (np.int32(0), np.asarray(budget) > 0, np.zeros((b,), np.int32),
+          np.full((b, width), -1, np.int32),
+          np.full((b, n_buf), pad_id, np.int32), zeros_f, zeros_f.copy(),
+          np.zeros((b,), bool))
+
+
+def decode_fn(graphdef, params, cache, next_logits, key, loop, budget,
+              stop_seqs, stop_mask, temperature, top_p, head_weight=None, *,
+              greedy: bool, top_k: int, use_top_p: bool, pad_id: int):
   """Decode loop on device: samples until every row stopped or ran out of budget.
 
-  `budget[b]` is row b's token budget (0 = row excluded). `stop_seqs` [S, W] are
-  stop sequences right-aligned in a window of the last W generated tokens, with
-  `stop_mask` marking their real positions (stop ids are sequences of length 1).
-  `head_weight`: None, or `decode_head_fn`'s LM-head weight (the sampler builds
-  it once per set of weights). `segments`: increasing cache capacities below
-  the cache's: while every active row's next token fits below one, the steps
-  run on a copy of the cache's first slots (`model.cache_prefix`), written
-  back when the loop moves on (the CPU reads every slot of its cache a step).
-  The tokens and log-probs are those of the plain loop. The cache is carried
-  through the loop and updated in place; attention reads it block by block
-  (no copy of it or of a layer).
+  `loop` is `decode_loop_init`'s state (or one this function returned); the
+  loop runs until every row stopped or ran out of budget, step `n_buf` (the
+  width of its token buffers), or an active row's next token does not fit
+  in the cache: the caller then grows the cache (`model.resize_cache`) and
+  calls again with the returned state. The tokens and log-probs are those of
+  one uninterrupted loop (each step's key is `fold_in(key, step)`).
+  `budget[b]` is row b's token budget (0 = row excluded). `stop_seqs` [S, W]
+  are stop sequences right-aligned in a window of the last W generated
+  tokens, with `stop_mask` marking their real positions (stop ids are
+  sequences of length 1). `head_weight`: None, or `decode_head_fn`'s LM-head
+  weight (the sampler builds it once per set of weights). The cache is
+  carried through the loop and updated in place; attention reads it block by
+  block (no copy of it or of a layer).
+
+  Returns:
+    (cache, next-token logits, the loop state).
   """
   model = nnx.merge(graphdef, params)
-  b = next_logits.shape[0]
+  n_buf = loop[4].shape[1]
+  capacity = qwen3.cache_capacity(cache)
 
   def sample(logits, i):
     """(token, its log-prob, its log-prob under the sampling dist) of step i."""
@@ -158,40 +184,24 @@ def decode_fn(graphdef, params, cache, next_logits, key, budget, stop_seqs,
             recent, toks, lps, plps, hit_any | hit)
 
   def cond(c):
-    return (c[0] < n_buf) & jnp.any(c[4])
+    # Every active row's next token must fit (inactive rows are not written).
+    fits = jnp.max(jnp.where(c[4], c[1]["lengths"], 0)) < capacity
+    return (c[0] < n_buf) & jnp.any(c[4]) & fits
 
-  def fits(c, cap):
-    """Whether the active rows' next writes land below slot `cap`.
-
-    Inactive rows (stopped, or not generating) are neither written nor
-    read for output, and the prefix written back holds their slots below
-    `cap` unchanged: a long finished row does not keep the others on the
-    whole cache.
-    """
-    return jnp.max(jnp.where(c[4], c[1]["lengths"] + 1, 0)) <= cap
-
-  zeros_f = jnp.zeros((b, n_buf), jnp.float32)
-  carry = (jnp.int32(0), cache, next_logits, sample(next_logits, 0),
-           budget > 0, jnp.zeros((b,), jnp.int32),
-           jnp.full((b, stop_seqs.shape[1]), -1, jnp.int32),
-           jnp.full((b, n_buf), pad_id, jnp.int32), zeros_f, zeros_f,
-           jnp.zeros((b,), bool))
-  for cap in segments:     # skipped (no copies) once the rows are past `cap`
-    def segment(c, cap=cap):
-      big = c[1]
-      c = (c[0], model.cache_prefix(big, cap)) + c[2:]
-      c = jax.lax.while_loop(lambda c: cond(c) & fits(c, cap), body, c)
-      return (c[0], model.put_cache_prefix(big, c[1])) + c[2:]
-    carry = jax.lax.cond(cond(carry) & fits(carry, cap), segment,
-                         lambda c: c, carry)
+  i = jnp.asarray(loop[0], jnp.int32)
+  carry = (i, cache, next_logits, sample(next_logits, i)) + tuple(loop[1:])
   carry = jax.lax.while_loop(cond, body, carry)
-  steps, cache, logits, _, _, gen_len, _, toks, lps, plps, hit = carry
-  return cache, logits, toks, lps, plps, gen_len, hit, steps
+  return carry[1], carry[2], (carry[0],) + carry[4:]
+
+
+def resize_cache_fn(graphdef, params, cache, *, capacity: int):
+  """`model.resize_cache(cache, capacity)` (a larger copy of the cache)."""
+  return nnx.merge(graphdef, params).resize_cache(cache, capacity)
 
 
 APPEND_JIT = jax.jit(append_fn, donate_argnums=(2, 3))
 DECODE_HEAD_JIT = jax.jit(decode_head_fn)
 DECODE_JIT = jax.jit(
     decode_fn, donate_argnums=(2, 3),
-    static_argnames=("n_buf", "greedy", "top_k", "use_top_p", "pad_id",
-                     "segments"))
+    static_argnames=("greedy", "top_k", "use_top_p", "pad_id"))
+RESIZE_JIT = jax.jit(resize_cache_fn, static_argnames=("capacity",))

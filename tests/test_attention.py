@@ -318,41 +318,28 @@ def test_chunked_logprobs_hold_no_full_logits():
 
 
 def test_decode_program_holds_no_copy_of_the_cache():
-  """The compiled decode loop's temporaries are far below one cache.
-
-  Except with the CPU's decode segments (the CPU default), which hold a
-  copy of the largest prefix they run on.
-  """
+  """The compiled decode loop's temporaries are far below one cache."""
   cfg = qwen3.Qwen3Config.preset("tiny", attention_chunk=128)
   model = qwen3.Qwen3(cfg, rngs=nnx.Rngs(0))
   graphdef, params = nnx.split(model)
   rows, max_len = 8, 4096
   cache = model.init_cache(rows, max_len)
   cache_bytes = sum(x.nbytes for x in jax.tree.leaves(cache))   # 16 MiB
+  budget = np.full((rows,), 16, np.int32)
   args = (graphdef, params, cache, jnp.zeros((rows, cfg.vocab_size)),
-          jax.random.key(0), jnp.full((rows,), 16, jnp.int32),
-          jnp.zeros((1, 1), jnp.int32), jnp.ones((1, 1), bool),
+          jax.random.key(0), sampling_kernels.decode_loop_init(budget, 16, 1, 0),
+          budget, jnp.zeros((1, 1), jnp.int32), jnp.ones((1, 1), bool),
           jnp.float32(1.0), jnp.float32(1.0))
   compiled = sampling_kernels.DECODE_JIT.lower(
-      *args, n_buf=16, greedy=False, top_k=0, use_top_p=False,
-      pad_id=0).compile()
+      *args, greedy=False, top_k=0, use_top_p=False, pad_id=0).compile()
   mem = compiled.memory_analysis()
   assert mem.temp_size_in_bytes < cache_bytes / 8, (mem.temp_size_in_bytes,
                                                     cache_bytes)
-  # The CPU's decode segments trade memory for speed: each runs on a copy of
-  # the cache's first slots, so the program holds the largest prefix (3/4 of
-  # the cache), once (the segments reuse one buffer). Off on accelerators
-  # and with `decode_segments=1`, the program above.
-  segments = sampling.Sampler(model, rows, max_len).segment_capacities
-  assert segments == (1024, 2048, 3072)
-  assert sampling.Sampler(model, rows, max_len,
-                          decode_segments=1).segment_capacities == ()
-  compiled = sampling_kernels.DECODE_JIT.lower(
-      *args, n_buf=16, greedy=False, top_k=0, use_top_p=False, pad_id=0,
-      segments=segments).compile()
-  temp = compiled.memory_analysis().temp_size_in_bytes
-  assert 0.75 * cache_bytes < temp < (0.75 + 1 / 8) * cache_bytes, (
-      temp, cache_bytes)
+  # On the CPU the sampler's cache grows in steps; each size's decode
+  # program is this one at a smaller capacity, and the copy into the next
+  # size is a program of its own (`RESIZE_JIT`).
+  assert sampling.Sampler(model, rows, max_len).cache_capacities == (
+      1024, 2048, 3072, 4096)
   # The append (prefill) program too: its temporaries are [B,K,G,T,block]
   # scores (1 MiB each at T = 64; 256 KiB at 16), far below one layer's
   # keys (2 MiB).

@@ -260,23 +260,29 @@ def test_presets_parameter_counts_and_hf_dict_round_trip():
 
 
 @pytest.mark.parametrize("scan", [False, True])
-def test_cache_prefix_steps_equal_full_cache_steps(tiny, scan):
-  """A step on `cache_prefix` equals one on the whole cache; put back, too."""
+def test_resized_cache_steps_equal_full_cache_steps(tiny, scan):
+  """Chunks on a small cache, grown by `resize_cache`, equal the full cache's."""
   model = _stacked_copy(tiny) if scan else tiny
   ids = jax.random.randint(jax.random.key(5), (2, 6), 0, 512)
-  cache = model.init_cache(2, 16)
-  _, cache = model.forward_chunk(ids, cache, jnp.asarray([6, 4], jnp.int32))
-  prefix = model.cache_prefix(cache, 8)
-  assert qwen3.cache_capacity(prefix) == 8
   tok = jnp.asarray([[3], [9]], jnp.int32)
   one = jnp.asarray([1, 1], jnp.int32)
-  want, cache_want = model.forward_chunk(tok, cache, one)
-  got, prefix = model.forward_chunk(tok, prefix, one)
+  first = jnp.asarray([6, 4], jnp.int32)
+  _, cache_want = model.forward_chunk(ids, model.init_cache(2, 16), first)
+  want, cache_want = model.forward_chunk(tok, cache_want, one)
+  _, small = model.forward_chunk(ids, model.init_cache(2, 8), first)
+  resized = model.resize_cache(small, 16)
+  assert qwen3.cache_capacity(resized) == 16
+  got, grown = model.forward_chunk(tok, resized, one)
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-6)
-  back = model.put_cache_prefix(cache, prefix)
-  assert qwen3.cache_capacity(back) == 16
-  np.testing.assert_array_equal(np.asarray(back["lengths"]), [7, 5])
+  np.testing.assert_array_equal(np.asarray(grown["lengths"]), [7, 5])
   for name in ("k", "v"):
-    np.testing.assert_allclose(np.asarray(qwen3.cache_layers(back, name)),
+    np.testing.assert_allclose(np.asarray(qwen3.cache_layers(grown, name)),
                                np.asarray(qwen3.cache_layers(cache_want, name)),
                                atol=1e-6)
+    # The old slots are kept as they were, bit for bit; the new are zeros.
+    old = np.asarray(qwen3.cache_layers(resized, name))
+    np.testing.assert_array_equal(old[..., :8, :],
+                                  np.asarray(qwen3.cache_layers(small, name)))
+    np.testing.assert_array_equal(old[..., 8:, :], 0)
+  with pytest.raises(ValueError, match="cannot shrink"):
+    model.resize_cache(grown, 8)

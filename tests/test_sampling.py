@@ -17,6 +17,7 @@ from flax import nnx
 from paraagent_jax import sampling
 from paraagent_jax import sampling_kernels
 from paraagent_jax.models import hf_io
+from paraagent_jax.models import qwen3
 
 # (tie_embeddings, num_kv_heads): GQA ratio 2 with tied embeddings, ratio 1 untied.
 CONFIGS = [(True, 2), (False, 4)]
@@ -261,8 +262,10 @@ def test_top_k_top_p_support_and_frequencies(kw, support):
 def test_bucketing_avoids_recompiles_and_counts_tokens(models):
   _, model = models
   # Only chunk/budget buckets make programs: the cache attention's bound is
-  # dynamic, so growing histories compile nothing new.
-  sampler = sampling.Sampler(model, batch_size=2, max_len=128, min_chunk=16)
+  # dynamic, so growing histories compile nothing new (in a cache of one
+  # size; a growing cache has programs per size, up to `cache_steps` of them).
+  sampler = sampling.Sampler(model, batch_size=2, max_len=128, min_chunk=16,
+                             cache_steps=1)
   state = sampler.prefill(_prompts(7, [10, 3]))
   out = sampler.generate(state, 5, stop_token_ids=[1])
   warm = out.state.stats.compilations
@@ -326,53 +329,59 @@ def test_compiler_options_reach_xla_and_keep_tokens(models):
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.3])
-def test_decode_segments_equal_the_plain_loop(models, temperature):
-  """Decode steps on smaller copies of the cache give the same outputs.
+def test_growing_cache_equals_the_full_cache(models, temperature):
+  """A cache that grows in steps gives the outputs of one at full capacity.
 
-  Capacity 64 in 4 segments (16, 32, 48 slots): ragged rows cross segment
-  borders at different steps, a stop sequence ends the longest row (greedy),
-  which then no longer keeps the others on the whole cache: a second turn
-  runs rows 0 and 2 on the 32-slot prefix while row 1, inactive, holds slots
-  past it, and a third turn runs row 1 on its whole history again.
+  Capacity 64 in 4 steps (16, 32, 48, 64 slots): ragged rows outgrow a
+  size at different steps, mid-call (the decode loop returns, the cache is
+  copied into the next size, and the loop goes on with the same keys), a
+  stop sequence ends the longest row (greedy), and two more turns go on
+  from there, one after an append that itself needs a larger cache.
   """
   _, model = models
-  prompts = _prompts(30, [3, 30, 5])
+  prompts = _prompts(30, [3, 14, 5])
   free = sampling.generate(model, prompts, max_new_tokens=12)
-  stop = [_row(free, 1)[6:8]]       # ends row 1 (greedy) mid-segment
+  stop = [_row(free, 1)[6:8]]       # ends row 1 (greedy) mid-call
   kw = dict(temperature=temperature, stop_sequences=stop, pad_token_id=-1)
-  outs = []
-  n = len(sampling._COMPILED)  # pylint: disable=protected-access
-  for segments in (1, 4):
+  outs, caps = [], []
+  for steps in (1, 4):
     sampler = sampling.Sampler(model, batch_size=3, max_len=64,
-                               decode_segments=segments)
-    assert sampler.segment_capacities == ((16, 32, 48) if segments == 4 else ())
-    first = sampler.generate(sampler.prefill(prompts), 20, **kw)
-    second = sampler.generate(sampler.append(first.state, [[5, 6], [7], [8]]),
-                              14, active=[True, False, True], **kw)
+                               cache_steps=steps)
+    assert sampler.cache_capacities == ((16, 32, 48, 64) if steps == 4
+                                        else (64,))
+    state = sampler.prefill(prompts)
+    caps.append([qwen3.cache_capacity(state.cache)])
+    first = sampler.generate(state, 20, **kw)
+    second = sampler.generate(
+        sampler.append(first.state, [[5, 6] * 6, [7], [8]]), 14,
+        active=[True, False, True], **kw)
     third = sampler.generate(second.state, 6, temperature=temperature,
                              pad_token_id=-1)
     outs.append((first, second, third))
-  texts = _compiled_texts(n)
-  # At least three more while loops (one per segment) in each segmented
-  # decode program (three calls of different shapes: three programs each).
-  loops = sorted(t.count(" while(") for t in texts if "decode_fn" in t)
-  assert len(loops) == 6 and len(set(loops[:3])) == 1, loops
-  assert len(set(loops[3:])) == 1 and loops[3] >= loops[0] + 3, loops
-  for plain, seg in zip(*outs):
-    np.testing.assert_array_equal(seg.tokens, plain.tokens)
-    np.testing.assert_array_equal(seg.lengths, plain.lengths)
-    np.testing.assert_array_equal(seg.stopped, plain.stopped)
-    np.testing.assert_allclose(seg.logprobs, plain.logprobs, atol=1e-6)
-    np.testing.assert_array_equal(seg.state.lengths, plain.state.lengths)
-  # Row 1 went past 32 slots in the first call; rows 0 and 2 started the
-  # second call below 32 and ended past it.
-  first, second, _ = outs[1]
-  assert first.state.lengths[1] > 32
-  assert max(first.state.lengths[[0, 2]]) + 2 < 32 < min(second.state.lengths[[0, 2]])
-  if temperature == 0.0:
-    assert bool(outs[0][0].stopped[1])
-  with pytest.raises(ValueError, match="decode_segments"):
-    sampling.Sampler(model, batch_size=3, max_len=64, decode_segments=0)
+    for out in outs[-1]:
+      caps[-1].append(qwen3.cache_capacity(out.state.cache))
+      assert out.state.max_len == 64
+  for plain, grown in zip(*outs):
+    np.testing.assert_array_equal(grown.tokens, plain.tokens)
+    np.testing.assert_array_equal(grown.lengths, plain.lengths)
+    np.testing.assert_array_equal(grown.stopped, plain.stopped)
+    np.testing.assert_allclose(grown.logprobs, plain.logprobs, atol=1e-6)
+    np.testing.assert_allclose(grown.processed_logprobs,
+                               plain.processed_logprobs, atol=1e-6)
+    np.testing.assert_array_equal(grown.state.lengths, plain.state.lengths)
+  # Each state's cache is the smallest size that holds its longest row.
+  assert caps[0] == [64] * 4
+  lengths = [15] + [int(o.state.lengths.max()) for o in outs[1]]
+  assert caps[1] == [next(c for c in (16, 32, 48, 64) if c >= n)
+                     for n in lengths], (caps, lengths)
+  # The first generate grew the cache mid-call, from 16 slots.
+  assert caps[1][0] == 16 and caps[1][-1] > caps[1][1] > 16, caps
+  # `continue_generation` takes the capacity the cache may grow to.
+  more = sampling.continue_generation(model, outs[1][2].state, [[1], [], []],
+                                      2, pad_token_id=-1)
+  assert more.state.max_len == 64
+  with pytest.raises(ValueError, match="cache_steps"):
+    sampling.Sampler(model, batch_size=3, max_len=64, cache_steps=0)
 
 
 def test_cache_blocks_across_turns_match_transformers(models):
@@ -381,7 +390,8 @@ def test_cache_blocks_across_turns_match_transformers(models):
   graphdef, params = nnx.split(model)
   model = nnx.merge(graphdef, params)
   model.config = model.config.replace(attention_chunk=16)
-  sampler = sampling.Sampler(model, batch_size=2, max_len=160)
+  # One cache size: a growing cache compiles programs per size.
+  sampler = sampling.Sampler(model, batch_size=2, max_len=160, cache_steps=1)
   histories = _prompts(11, [9, 20])
   out = sampler.generate(sampler.prefill(histories), 13)
   warm = None

@@ -520,32 +520,30 @@ class Qwen3(nnx.Module):
     return {"k": con(cache["k"], k_axes), "v": con(cache["v"], axes),
             "lengths": cache["lengths"]}
 
-  @staticmethod
-  def cache_prefix(cache: dict, n: int) -> dict:
-    """A cache of the first `n` slots of every row and layer (a copy).
+  def resize_cache(self, cache: dict, capacity: int) -> dict:
+    """`cache` with room for `capacity` slots per row (it can only grow).
 
-    `forward_chunk` on it reads and writes only those slots (writes past
-    them are dropped); `put_cache_prefix` writes it back. The CPU decode loop
-    runs its early steps on such a smaller cache (`sampling_kernels.decode_fn`).
+    The filled slots and the lengths are kept; the new slots are zeros. A
+    sampler that starts small and grows its cache when a row needs more
+    (`sampling.Sampler(cache_steps=...)`) runs its decode steps over the
+    slots its rows can reach, not over the whole capacity.
     """
-    def cut(arrays, axis):
-      if isinstance(arrays, (list, tuple)):
-        return tuple(jax.lax.slice_in_dim(a, 0, n, axis=axis) for a in arrays)
-      return jax.lax.slice_in_dim(arrays, 0, n, axis=axis)
-    # Keys are [.., H, S] (slots last), values [.., S, H].
-    return {"k": cut(cache["k"], -1), "v": cut(cache["v"], -2),
-            "lengths": cache["lengths"]}
+    s = cache_capacity(cache)
+    if capacity < s:
+      raise ValueError(f"cannot shrink a cache of {s} slots to {capacity}")
 
-  @staticmethod
-  def put_cache_prefix(cache: dict, prefix: dict) -> dict:
-    """`cache` with its first slots replaced by `prefix` (`cache_prefix`'s)."""
-    def put(arrays, parts):
+    def pad(arrays, axis):
+      def one(a):
+        widths = [(0, 0)] * a.ndim
+        widths[axis % a.ndim] = (0, capacity - s)
+        return jnp.pad(a, widths)
       if isinstance(arrays, (list, tuple)):
-        return tuple(jax.lax.dynamic_update_slice(a, p, (0,) * a.ndim)
-                     for a, p in zip(arrays, parts))
-      return jax.lax.dynamic_update_slice(arrays, parts, (0,) * arrays.ndim)
-    return {"k": put(cache["k"], prefix["k"]), "v": put(cache["v"], prefix["v"]),
-            "lengths": prefix["lengths"]}
+        return tuple(one(a) for a in arrays)
+      return one(arrays)
+    # Keys are [.., H, S] (slots last), values [.., S, H].
+    return self.constrain_cache({"k": pad(cache["k"], -1),
+                                 "v": pad(cache["v"], -2),
+                                 "lengths": cache["lengths"]})
 
   def forward_chunk(self, input_ids, cache, num_new, logits_at=None,
                     head_weight=None):
