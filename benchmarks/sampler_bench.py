@@ -24,6 +24,7 @@ compute in fp32. The load average is printed before and after the run.
   .venv/bin/python benchmarks/sampler_bench.py
   .venv/bin/python benchmarks/sampler_bench.py --batches=8,32 --repeats=5
   .venv/bin/python benchmarks/sampler_bench.py --threads=2   # a quiet machine
+  .venv/bin/python benchmarks/sampler_bench.py --cache_steps=1   # no cache growth
   .venv/bin/python benchmarks/sampler_bench.py --hf_device=cuda   # on a GPU, torch with CUDA
 
 On a GPU our sampler runs on the GPU. `--hf_device` says where transformers
@@ -117,14 +118,18 @@ def _hf_runner(hf, prompts: np.ndarray, new_tokens: int, device: str = "cpu"):
   return run
 
 
-def _our_runner(model, prompts: np.ndarray, new_tokens: int):
+def _our_runner(model, prompts: np.ndarray, new_tokens: int,
+                cache_steps=None):
   """Our sampler (prefill + decode), compiled by a first call.
+
+  `cache_steps`: the Sampler's (None: its default).
 
   Returns (run, compile seconds, first-call seconds); `run` returns the tokens as
   numpy, so the device work is finished when it returns.
   """
   batch, plen = prompts.shape
-  sampler = sampling.Sampler(model, batch, plen + new_tokens)
+  sampler = sampling.Sampler(model, batch, plen + new_tokens,
+                             cache_steps=cache_steps)
   rows = prompts.tolist()
   last = {}
 
@@ -172,6 +177,9 @@ def main(argv=None) -> None:
   parser.add_argument("--hf_device", choices=("cpu", "cuda", "none"),
                       default="cpu", help="where transformers generate runs; "
                       "none: time our sampler only")
+  parser.add_argument("--cache_steps", type=int, default=None,
+                      help="the Sampler's cache_steps (default: its own; 1: "
+                      "the whole cache from the start)")
   args = parser.parse_args(argv)
   torch.set_num_threads(args.threads)
 
@@ -186,15 +194,15 @@ def main(argv=None) -> None:
         f"{transformers.__version__} ("
         f"{'not timed' if args.hf_device == 'none' else 'on ' + args.hf_device}); prompt {args.prompt_len}, "
         f"{args.new_tokens} new tokens, greedy, median of {args.repeats}; "
-        f"pinned to CPUs {_CPUS}; "
+        f"pinned to CPUs {_CPUS}; cache_steps={args.cache_steps}; "
         f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
 
   rows = []
   rs = np.random.RandomState(args.seed)
   for batch in [int(b) for b in args.batches.split(",")]:
     prompts = rs.randint(0, 4096, (batch, args.prompt_len)).astype(np.int64)
-    our_run, compile_s, first_s, last = _our_runner(model, prompts,
-                                                    args.new_tokens)
+    our_run, compile_s, first_s, last = _our_runner(
+        model, prompts, args.new_tokens, args.cache_steps)
     n = batch * args.new_tokens
     if args.hf_device == "none":
       (ours_s,), (our_cpu,), _, _ = _timed_interleaved([our_run], args.repeats)

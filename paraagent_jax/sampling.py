@@ -191,7 +191,8 @@ class Sampler:
     n = min(int(cache_steps), max(self.max_len, 1))
     # The cache sizes a state goes through (the last is `max_len`).
     self.cache_capacities = tuple(sorted({self.max_len * j // n
-                                          for j in range(1, n + 1)} - {0}))
+                                          for j in range(1, n + 1)} - {0})
+                                  ) or (self.max_len,)
     # (params, model.decode_head() of them): on the CPU, the LM head as a
     # transposed copy of the embedding (`Qwen3.decode_head`), built once per
     # set of weights, not in every decode call.
