@@ -3,13 +3,17 @@
 Profiles one greedy `generate` call of `benchmarks/sampler_bench.py`'s model
 (demo size, random weights, fp32, pinned to `--threads` CPUs like that bench)
 with `jax.profiler`, maps each XLA thunk of the trace to its instruction in the
-optimised HLO of the decode program (dumped by XLA), and prints a table: time
-per call grouped by (JAX op, output shape), largest first. Loops (`while`)
-contain other thunks and are left out of the sum. The sampler runs with one
-cache size (`Sampler(cache_steps=1)`): one decode program over the whole
-cache, whose instruction names the trace's thunks can be mapped to. The CPU
-default grows its cache in steps, i.e. runs the same program at smaller sizes
-first (docs/sampler_speed.md).
+optimised HLO of its program (dumped by XLA), and prints a table: time per
+call grouped by (JAX op, output shape), largest first. Loops (`while`)
+contain other thunks and are left out of the sum. The sampler is the one
+`sampler_bench.py` times: by default its cache grows (`Sampler(cache_steps=)`,
+4 sizes on the CPU for this bench), so one call runs the decode program of
+each size it passes through, and the copies into the next size between them
+(`resize` rows). Each run of a program is mapped to the program of its size:
+the trace names the module and run of every thunk, and the call goes through
+the sizes in order from the prefilled state's. In shapes, `S` stands for the
+cache's slots when the call ran at several sizes. `--cache_steps=1` profiles
+one decode program over the whole cache.
 
 The peer in the same run: the same dense matmuls (q, k, v, o, gate, up, down
 of every layer and the LM head, at the same batch and shapes) as a bare jitted
@@ -21,6 +25,7 @@ whether XLA's dot kernels, or the machine, set that floor.
 
   .venv/bin/python benchmarks/decode_profile.py                 # batch 32
   .venv/bin/python benchmarks/decode_profile.py --batch=8 --top=30
+  .venv/bin/python benchmarks/decode_profile.py --cache_steps=1  # one cache size
 
 Thunk times come from the profiler, which adds a little to each; the total
 printed next to them is the traced call's wall time.
@@ -52,19 +57,16 @@ import numpy as np
 import sampler_bench  # pins the process to --threads CPUs (read from argv)
 
 from paraagent_jax import sampling
+from paraagent_jax.models import qwen3
 
 _INSTR = re.compile(r"^\s*(?:ROOT )?%(\S+) = (\S+) ([\w-]+)\(")
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
 
 
-def hlo_instructions(dump_dir: str, module: str) -> dict:
+def parse_instructions(path: str) -> dict:
   """{instruction name: (output shape, JAX op)} of a dumped optimised module."""
-  files = sorted(glob.glob(os.path.join(
-      dump_dir, f"*.{module}.cpu_after_optimizations.txt")))
-  if not files:
-    raise FileNotFoundError(f"no optimised HLO of {module!r} in {dump_dir}")
   out = {}
-  with open(files[-1]) as f:
+  with open(path) as f:
     for line in f:
       m = _INSTR.match(line)
       if not m:
@@ -76,6 +78,47 @@ def hlo_instructions(dump_dir: str, module: str) -> dict:
       label = label.replace("jit(decode_fn)/", "").replace("while/body/", "")
       out[name] = (shape.split("{")[0], label)
   return out
+
+
+def _cache_slots(path: str) -> int:
+  """Slots of the cache a dumped decode or resize module takes as input.
+
+  Read off its value-cache parameter ([.., S, H], the `cache['v']` leaves).
+  """
+  with open(path) as f:
+    for line in f:
+      if " parameter(" in line and "cache[\\'v\\']" in line:
+        dims = re.search(r"= \w+\[([\d,]+)\]", line).group(1).split(",")
+        return int(dims[-2])
+  raise ValueError(f"no cache['v'] parameter in {path}")
+
+
+def hlo_modules(dump_dir: str, module: str) -> dict:
+  """{input cache slots: instructions} of every dumped optimised `module`.
+
+  A sampler compiles one decode (and resize) program per cache size; a
+  size compiled twice keeps its last dump.
+  """
+  files = sorted(glob.glob(os.path.join(
+      dump_dir, f"*.{module}.cpu_after_optimizations.txt")))
+  if not files:
+    raise FileNotFoundError(f"no optimised HLO of {module!r} in {dump_dir}")
+  return {_cache_slots(f): parse_instructions(f) for f in files}
+
+
+def program_runs(events, module: str) -> list:
+  """The thunk events of each run of `module`, runs in the order they began."""
+  runs = collections.defaultdict(list)
+  for e in events:
+    args = e.get("args") or {}
+    if args.get("hlo_module") == module and "run_id" in args:
+      runs[args["run_id"]].append(e)
+  return sorted(runs.values(), key=lambda evs: min(e["ts"] for e in evs))
+
+
+def _slots_as_s(shape: str, slots: int) -> str:
+  """`shape` with every dimension equal to `slots` written as S."""
+  return re.sub(rf"(?<=[\[,]){slots}(?=[\],])", "S", shape)
 
 
 def trace_events(trace_dir: str):
@@ -175,16 +218,21 @@ def main(argv=None) -> None:
   parser.add_argument("--threads", type=int, default=1,
                       help="CPUs to pin to (read at import, as sampler_bench)")
   parser.add_argument("--top", type=int, default=20, help="table rows")
+  parser.add_argument("--cache_steps", type=int, default=None,
+                      help="the Sampler's cache_steps (default: its own, as "
+                      "sampler_bench; 1: one decode program over the whole "
+                      "cache)")
   args = parser.parse_args(argv)
 
   model = sampler_bench.jax_model_of(sampler_bench._hf_model(0))  # pylint: disable=protected-access
   rows = sampler_bench.prompt_rows(model.config.vocab_size, args.batch,
                                    args.prompt_len)
   sampler = sampling.Sampler(model, args.batch, args.prompt_len + args.new_tokens,
-                             cache_steps=1)
+                             cache_steps=args.cache_steps)
   sampler.generate(sampler.prefill(rows), args.new_tokens)      # compiles
   state = sampler.prefill(rows)
   jax.block_until_ready(state.cache)
+  first_slots = qwen3.cache_capacity(state.cache)
 
   trace_dir = tempfile.mkdtemp(prefix="decode_profile_trace_")
   jax.profiler.start_trace(trace_dir, create_perfetto_trace=True)
@@ -193,15 +241,33 @@ def main(argv=None) -> None:
   wall, cpu = time.perf_counter() - start, time.process_time() - start_cpu
   jax.profiler.stop_trace()
 
-  instrs = hlo_instructions(_DUMP, "jit_decode_fn")
+  events = trace_events(trace_dir)
+  decode_runs = program_runs(events, "jit_decode_fn")
+  # The call goes through the sizes in order, from the prefilled state's.
+  sizes = [c for c in sampler.cache_capacities if c >= first_slots]
+  if not decode_runs or len(decode_runs) > len(sizes):
+    raise RuntimeError(f"{len(decode_runs)} decode runs in the trace for the "
+                       f"cache sizes {sizes}")
+  sizes = sizes[:len(decode_runs)]
+  decode_modules = hlo_modules(_DUMP, "jit_decode_fn")
   groups, counts = collections.Counter(), collections.Counter()
-  for e in trace_events(trace_dir):
-    name = e["name"]
-    if name not in instrs or name.startswith("while"):
-      continue
-    shape, label = instrs[name]
-    groups[(label, shape)] += e["dur"] / 1e6
-    counts[(label, shape)] += 1
+  for slots, run in zip(sizes, decode_runs):
+    instrs = decode_modules[slots]
+    for e in run:
+      name = e["name"]
+      if name not in instrs or name.startswith("while"):
+        continue
+      shape, label = instrs[name]
+      if len(sizes) > 1:
+        shape = _slots_as_s(shape, slots)
+      groups[(label, shape)] += e["dur"] / 1e6
+      counts[(label, shape)] += 1
+  resizes = program_runs(events, "jit_resize_cache_fn")
+  for old, new, run in zip(sizes, sizes[1:], resizes):
+    key = ("resize (copy into the next size)", f"{old} -> {new} slots")
+    groups[key] += sum(e["dur"] for e in run
+                       if not e["name"].startswith("while")) / 1e6
+    counts[key] = None    # a copy between decode programs, not a step's
   total = sum(groups.values())
   floor, x_jax = dense_floor(model.config, args.batch, args.new_tokens)
   sampler_bench.torch.set_num_threads(args.threads)
@@ -214,12 +280,16 @@ def main(argv=None) -> None:
         f"{sampler_bench._CPUS}")  # pylint: disable=protected-access
   print(f"traced generate call: {wall:.4f} s wall, {cpu:.4f} CPU s; thunks "
         f"summed: {total:.4f} s")
+  print(f"decode programs at {', '.join(map(str, sizes))} cache slots "
+        f"(cache_steps={args.cache_steps}), {len(resizes)} resizes"
+        + ("; S in shapes: the cache's slots" if len(sizes) > 1 else ""))
   print()
   print("| op | output shape | s per call | share | thunks per step |")
   print("|---|---|---|---|---|")
   for (label, shape), sec in groups.most_common(args.top):
-    print(f"| {label} | {shape} | {sec:.4f} | {sec / total:.1%} | "
-          f"{counts[(label, shape)] / args.new_tokens:.1f} |")
+    n = counts[(label, shape)]
+    per_step = "-" if n is None else f"{n / args.new_tokens:.1f}"
+    print(f"| {label} | {shape} | {sec:.4f} | {sec / total:.1%} | {per_step} |")
   rest = total - sum(s for _, s in groups.most_common(args.top))
   print(f"| (the other {max(len(groups) - args.top, 0)} groups) | - | {rest:.4f} | "
         f"{rest / total:.1%} | - |")
@@ -229,7 +299,7 @@ def main(argv=None) -> None:
   print("|---|---|")
   print(f"| dense matmuls alone, bare jitted loop (CPU s, median of 5) | {floor:.3f} |")
   print(f"| the same matmuls in torch, eager (CPU s, median of 5) | {torch_floor:.3f} |")
-  print(f"| every dot of the decode program (profiled thunks) | {dots:.3f} |")
+  print(f"| every dot of the decode programs (profiled thunks) | {dots:.3f} |")
   print(f"| the decode call (CPU s) | {cpu:.3f} |")
   print(f"\nthe two matmul chains' outputs differ by at most {chain_diff:.1e} "
         "(the same work on both sides)")
