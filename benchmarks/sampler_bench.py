@@ -8,7 +8,10 @@ Compile time is measured on a warm-up call and reported apart; throughput is the
 median of `--repeats` timed calls (prefill + decode, host to host), the two
 sides' calls alternating so that outside load on the shared machine hits both
 alike. The table also gives the ratio of median process CPU seconds per call,
-which outside load disturbs much less than wall time.
+which outside load disturbs much less than wall time, and the ratio of each
+pair of calls timed back to back (median, min and max over the pairs): how far
+the ratio moves within the run, so a reader can tell a ratio below a target
+from noise around it.
 
 Both sides get the same cores, `--threads` (default 1): the process is pinned
 to that many CPUs (`os.sched_setaffinity`, before JAX and torch start, so XLA
@@ -160,7 +163,22 @@ def _timed_interleaved(runners, repeats: int):
       wall[i].append(time.perf_counter() - start)
       cpu[i].append(time.process_time() - start_cpu)
   return ([statistics.median(w) for w in wall],
-          [statistics.median(c) for c in cpu], [min(w) for w in wall], outs)
+          [statistics.median(c) for c in cpu], [min(w) for w in wall], outs,
+          wall)
+
+
+def pair_ratios(slow_s, fast_s) -> tuple:
+  """(median, min, max) of slow_s[i] / fast_s[i], the calls timed back to back.
+
+  A ratio of two medians hides how much the ratio moves within a run; the
+  ratio of each pair of alternating calls does not (this machine's speed
+  drifts over minutes, so two calls side by side see the same machine).
+  """
+  if len(slow_s) != len(fast_s) or not slow_s:
+    raise ValueError(f"need equal, non-empty timings: {len(slow_s)} and "
+                     f"{len(fast_s)}")
+  r = [a / b for a, b in zip(slow_s, fast_s)]
+  return statistics.median(r), min(r), max(r)
 
 
 def main(argv=None) -> None:
@@ -205,31 +223,36 @@ def main(argv=None) -> None:
         model, prompts, args.new_tokens, args.cache_steps)
     n = batch * args.new_tokens
     if args.hf_device == "none":
-      (ours_s,), (our_cpu,), _, _ = _timed_interleaved([our_run], args.repeats)
+      (ours_s,), (our_cpu,), _, _, _ = _timed_interleaved([our_run],
+                                                          args.repeats)
       assert last["stats"].compilations == 0, "timed calls recompiled"
-      rows.append((batch, None, n / ours_s, None, None, None, our_cpu,
+      rows.append((batch, None, n / ours_s, None, None, None, None, our_cpu,
                    compile_s, first_s, None))
       continue
     hf_run = _hf_runner(hf, prompts, args.new_tokens, args.hf_device)
-    (hf_s, ours_s), (hf_cpu, our_cpu), (hf_min, our_min), (hf_tok, our_tok) = (
-        _timed_interleaved([hf_run, our_run], args.repeats))
+    ((hf_s, ours_s), (hf_cpu, our_cpu), (hf_min, our_min), (hf_tok, our_tok),
+     (hf_walls, our_walls)) = _timed_interleaved([hf_run, our_run],
+                                                 args.repeats)
     assert last["stats"].compilations == 0, "timed calls recompiled"
     agree = float((hf_tok == our_tok).mean())
     rows.append((batch, n / hf_s, n / ours_s, hf_s / ours_s, hf_min / our_min,
-                 hf_cpu, our_cpu, compile_s, first_s, agree))
+                 pair_ratios(hf_walls, our_walls), hf_cpu, our_cpu, compile_s,
+                 first_s, agree))
 
   header = ("batch", "transformers tok/s", "ours tok/s", "ratio (median)",
-            "ratio (best)", "CPU s/call (transformers / ours)", "ratio (CPU s)",
+            "ratio (best)", "ratio per call pair (median [min, max])",
+            "CPU s/call (transformers / ours)", "ratio (CPU s)",
             "our compile s", "our 1st call s", "same tokens")
   print("| " + " | ".join(header) + " |")
   print("|" + "|".join("---" for _ in header) + "|")
-  for (batch, hf_tps, tps, ratio, best, hf_cpu, our_cpu, comp, first,
+  for (batch, hf_tps, tps, ratio, best, pairs, hf_cpu, our_cpu, comp, first,
        agree) in rows:
     if hf_tps is None:   # --hf_device=none: our side only
-      print(f"| {batch} | - | {tps:,.0f} | - | - | - / {our_cpu:.2f} | - | "
+      print(f"| {batch} | - | {tps:,.0f} | - | - | - | - / {our_cpu:.2f} | - | "
             f"{comp:.2f} | {first:.2f} | - |")
       continue
     print(f"| {batch} | {hf_tps:,.0f} | {tps:,.0f} | {ratio:.2f}x | {best:.2f}x | "
+          f"{pairs[0]:.2f}x [{pairs[1]:.2f}, {pairs[2]:.2f}] | "
           f"{hf_cpu:.2f} / {our_cpu:.2f} | {hf_cpu / our_cpu:.2f}x | {comp:.2f} | "
           f"{first:.2f} | {agree:.1%} |")
   load_after = os.getloadavg()

@@ -111,7 +111,7 @@ def main(argv=None) -> None:
     runners.append(run)
     print(f"compiled {name!r} in {compile_s[-1]:.1f} s", flush=True)
   n_compiled = len(stats)
-  _, cpu, _, outs = sampler_bench._timed_interleaved(  # pylint: disable=protected-access
+  _, cpu, _, outs, _ = sampler_bench._timed_interleaved(  # pylint: disable=protected-access
       runners, args.repeats)
   assert all(s.compilations == 0 for s in stats[n_compiled:]), "recompiled"
 
