@@ -127,7 +127,7 @@ def test_export_loads_in_transformers_and_roundtrip_is_exact(tmp_path):
 
 def _pure(model):
   from flax import nnx  # pylint: disable=g-import-not-at-top
-  return nnx.state(model, nnx.Param).to_pure_dict()
+  return nnx.to_pure_dict(nnx.state(model, nnx.Param))
 
 
 def test_sharded_safetensors_load_and_scan_layers(tmp_path):

@@ -99,7 +99,7 @@ def apply_gradients(optimizer: optax.GradientTransformation, loss_fns: LossFns, 
   params, rest = split_params(state)
   metrics = dict(loss_fns.finalize(sums, metrics))
   metrics["loss"] = loss
-  metrics["grad_norm"] = optax.global_norm(grads)
+  metrics["grad_norm"] = optax.tree.norm(grads)
   updates, opt_state = optimizer.update(grads, opt_state, params)
   params = optax.apply_updates(params, updates)
   return nnx.merge_state(params, rest), opt_state, metrics

@@ -233,8 +233,8 @@ def load_hf(path: str, mesh=None, dtype=jnp.float32, rules=None,
   graphdef, state = nnx.split(abstract)
   if mesh is not None:
     shardings = shd.param_shardings(state, mesh, shd.as_rules(rules))
-    shard_pure = shardings.to_pure_dict()
-  pure = state.to_pure_dict()
+    shard_pure = nnx.to_pure_dict(shardings)
+  pure = nnx.to_pure_dict(state)
   reader = _Reader(path)
   stacked: dict[str, list] = {}
   try:
@@ -286,7 +286,7 @@ def load_hf(path: str, mesh=None, dtype=jnp.float32, rules=None,
 def hf_tensors(model: qwen3.Qwen3):
   """Yields (HF key, numpy array in HF layout), one tensor at a time."""
   cfg = model.config
-  pure = nnx.state(model, nnx.Param).to_pure_dict()
+  pure = nnx.to_pure_dict(nnx.state(model, nnx.Param))
   for e, i, key in _entries(cfg):
     w = _get(pure, cfg, e, i)
     if i is not None and cfg.scan_layers:
