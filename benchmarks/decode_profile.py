@@ -290,7 +290,9 @@ def main(argv=None) -> None:
     n = counts[(label, shape)]
     per_step = "-" if n is None else f"{n / args.new_tokens:.1f}"
     print(f"| {label} | {shape} | {sec:.4f} | {sec / total:.1%} | {per_step} |")
-  rest = total - sum(s for _, s in groups.most_common(args.top))
+  # The groups left out, summed (not total minus the shown ones: with none
+  # left, that difference can round to -0.0000).
+  rest = sum(s for _, s in groups.most_common()[args.top:])
   print(f"| (the other {max(len(groups) - args.top, 0)} groups) | - | {rest:.4f} | "
         f"{rest / total:.1%} | - |")
   dots = sum(s for (label, _), s in groups.items() if "dot_general" in label)
