@@ -20,7 +20,9 @@ are not walked (the target's version of it brings what it needs).
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
   export PYTHONPATH=/tmp/site
 
-`--dry_run` prints the list and the pip commands without fetching. A wheel
+`--dry_run` prints the list and the pip commands without fetching. A target
+version outside a requirement's specifier (from `name==version` lines) is warned
+of, not replaced. A wheel
 pip cannot download (a project that publishes only a source archive) is
 built here with `pip wheel`; that works for pure-Python projects only, and the
 script says which ones it built.
@@ -36,6 +38,7 @@ import sys
 import tempfile
 
 from packaging.requirements import Requirement
+from packaging.version import InvalidVersion, Version
 
 # Platform tags pip matches exactly, newest first: any glibc Linux x86-64 that
 # the target may report.
@@ -49,21 +52,44 @@ def normalize(name: str) -> str:
   return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def read_names(path: str) -> set:
-  """Distribution names from a `pip list`/`pip freeze` output or a name list.
+def read_names(path: str) -> dict:
+  """{name: version or None} from a `pip list`/`pip freeze` output or names.
 
   Accepts `name==version`, `name version` (pip list's columns) or bare names,
-  commas or newlines between them; header and blank lines are skipped.
+  commas or newlines between them; header, comment and blank lines are
+  skipped. A version is kept only where the line gives a plain one.
   """
-  names = set()
+  names = {}
   with open(path) as f:
     for line in f:
       for item in line.split(","):
         item = item.strip()
         if not item or item.startswith(("#", "Package", "---")):
           continue
-        names.add(normalize(re.split(r"[\s=<>!~@;\[]", item, maxsplit=1)[0]))
+        m = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)(?:==|\s+)([0-9][^\s]*)",
+                         item)
+        if m:
+          names[normalize(m.group(1))] = m.group(2)
+        else:
+          name = re.split(r"[\s=<>!~@;\[]", item, maxsplit=1)[0]
+          names.setdefault(normalize(name), None)
   return names
+
+
+def unmet(reqs, have: dict) -> list:
+  """The requirements the target has at a version outside their specifier."""
+  out = []
+  for req in reqs:
+    version = have.get(normalize(req.name))
+    if version is None or not req.specifier:
+      continue
+    try:
+      ok = req.specifier.contains(Version(version), prereleases=True)
+    except InvalidVersion:
+      continue
+    if not ok:
+      out.append(f"the target's {req.name} {version} does not satisfy {req}")
+  return out
 
 
 def top_requirements(paths) -> list:
@@ -157,12 +183,16 @@ def main(argv=None) -> int:
     ap.error(f"--have={args.have}: no such file")
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   req_files = args.requirements or [os.path.join(root, "requirements.txt")]
-  have = read_names(args.have) | {normalize(s) for s in args.skip.split(",") if s}
-  if not have:
+  have_versions = read_names(args.have)
+  if not have_versions:
     ap.error(f"--have={args.have}: no distribution names in it")
+  have = set(have_versions) | {normalize(s) for s in args.skip.split(",") if s}
+  reqs = top_requirements(req_files)
+  for line in unmet(reqs, have_versions):
+    print(f"offline_wheels: warning: {line}; it is not replaced (install "
+          "that version there, or leave it out of --have)", file=sys.stderr)
   try:
-    missing = missing_closure(top_requirements(req_files), have,
-                              args.python_version)
+    missing = missing_closure(reqs, have, args.python_version)
   except LookupError as e:
     print(f"offline_wheels: error: {e}", file=sys.stderr)
     return 1

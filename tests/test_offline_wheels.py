@@ -76,11 +76,20 @@ def test_closure_names_a_dependency_that_is_not_installed_here():
 
 def test_read_names_takes_freeze_list_and_comma_forms(tmp_path):
   p = tmp_path / "have.txt"
-  p.write_text("Package    Version\n---------- -------\nJax 0.11.2\n"
+  p.write_text("Package    Version\n---------- -------\nJax        0.11.2\n"
                "flax==0.12.1\nml_collections @ file:///x\n\n"
                "absl-py, Orbax.Checkpoint,torch\n# a comment\n")
-  assert ow.read_names(str(p)) == {"jax", "flax", "ml-collections", "absl-py",
-                                   "orbax-checkpoint", "torch"}
+  assert ow.read_names(str(p)) == {
+      "jax": "0.11.2", "flax": "0.12.1", "ml-collections": None,
+      "absl-py": None, "orbax-checkpoint": None, "torch": None}
+
+
+def test_unmet_names_versions_outside_the_specifier():
+  reqs = [Requirement("flax>=0.12.0"), Requirement("jax>=0.10.0"),
+          Requirement("numpy"), Requirement("optax>=0.2.5")]
+  have = {"flax": "0.10.4", "jax": "0.11.2", "numpy": "1.0", "optax": None}
+  assert ow.unmet(reqs, have) == [
+      "the target's flax 0.10.4 does not satisfy flax>=0.12.0"]
 
 
 def test_download_command_pins_version_and_target():
@@ -126,3 +135,14 @@ def test_cli_rejects_bad_arguments(tmp_path):
   empty.write_text("# nothing\n")
   res = _cli(f"--have={empty}", "--dry_run")
   assert res.returncode == 2 and "no distribution names" in res.stderr
+
+
+def test_cli_warns_of_a_target_version_below_the_requirement(tmp_path):
+  reqs = ow.top_requirements([os.path.join(ROOT, "requirements.txt")])
+  have = tmp_path / "have.txt"
+  have.write_text("\n".join(f"{r.name}==0.0.1" if ow.normalize(r.name) == "flax"
+                            else r.name for r in reqs))
+  res = _cli(f"--have={have}", "--dry_run")
+  assert res.returncode == 0, res.stderr
+  assert "warning: the target's flax 0.0.1 does not satisfy flax>=" in res.stderr
+  assert "0 distributions the target lacks" in res.stdout
