@@ -21,11 +21,10 @@ are not walked (the target's version of it brings what it needs).
   export PYTHONPATH=/tmp/site
 
 `--dry_run` prints the list and the pip commands without fetching. A target
-version outside a requirement's specifier (from `name==version` lines) is warned
-of, not replaced. A wheel
-pip cannot download (a project that publishes only a source archive) is
-built here with `pip wheel`; that works for pure-Python projects only, and the
-script says which ones it built.
+version outside a requirement's specifier (from `name==version` lines) is
+warned of, not replaced. A wheel pip cannot download (a project that publishes
+only a source archive) is built here with `pip wheel`; that works for
+pure-Python projects only, and the script says which ones it built.
 """
 
 import argparse
