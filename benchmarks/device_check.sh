@@ -45,6 +45,19 @@ fi
 LOGS="${DEVICE_CHECK_LOGS:-$(mktemp -d -t device_check.XXXXXX)}"
 mkdir -p "$LOGS"
 echo "device_check: $ndev x $kind, jax $jax_version, budget ${BUDGET_S}s, logs in $LOGS"
+# The versions the steps will import (a machine's image may hold other versions than
+# the ones this project is tested with: see docs/gpu.md); "missing" if not installed.
+timeout 60 "$PY" -c '
+from importlib import metadata
+names = ("jaxlib", "flax", "optax", "orbax-checkpoint", "chex", "ml-collections",
+         "tensorflow-datasets", "transformers", "torch", "numpy")
+def version(name):
+  try:
+    return metadata.version(name)
+  except metadata.PackageNotFoundError:
+    return "missing"
+print("device_check: versions:", ", ".join(f"{n} {version(n)}" for n in names))' \
+  | tee "$LOGS/versions.log" || true
 
 names=()
 states=()

@@ -48,6 +48,12 @@ def test_steps_run_and_summary_collects_figures(tmp_path):
   out = res.stdout
   assert res.returncode == 0, out + res.stderr
   summary = out[out.index("== device_check summary"):]
+  # The versions the steps import, read from the installed metadata.
+  from importlib import metadata
+  versions = next(l for l in out.splitlines() if l.startswith("device_check: versions:"))
+  assert f"flax {metadata.version('flax')}," in versions
+  assert f"jaxlib {metadata.version('jaxlib')}," in versions
+  assert (tmp_path / "versions.log").read_text().strip() == versions
   for step in ("attention", "train", "sampler"):
     assert f"| {step} | ok |" in summary
     assert (tmp_path / f"{step}.log").exists()
