@@ -9,6 +9,8 @@ with the size of the cache it updates in place.
 """
 
 import functools
+import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -292,14 +294,22 @@ def test_compact_logprobs_run_the_head_on_the_gathered_rows_only():
     qwen3.Qwen3Config.preset("tiny", logits_capacity=1.5)
 
 
+def _largest_f32_array(compiled) -> int:
+  """Elements of the largest f32 array in a compiled program's optimised HLO."""
+  sizes = [math.prod(int(d) for d in dims.split(","))
+           for dims in re.findall(r"\bf32\[([0-9,]+)\]", compiled.as_text())]
+  return max(sizes, default=0)
+
+
 def test_chunked_logprobs_hold_no_full_logits():
   """The compiled gradient of a chunked loss never allocates [B,T,V] fp32."""
   cfg = qwen3.Qwen3Config.preset("tiny", vocab_size=4096, attention_chunk=128)
   ids = jnp.zeros((4, 1024), jnp.int32)
+  logit_elems = 4 * 1023 * 4096                          # the shifted targets' logits
   full_logits = 4 * 1024 * 4096 * 4                      # 64 MiB
 
-  def temp_bytes(chunk):
-    """Temporaries of grad(sum(log-probs)); chunk None: of the body alone."""
+  def compiled(chunk):
+    """grad(sum(log-probs)); chunk None: of the body alone."""
     graphdef, state = nnx.split(qwen3.Qwen3(
         cfg.replace(logits_chunk=chunk or 0), rngs=nnx.Rngs(0)))
 
@@ -308,13 +318,17 @@ def test_chunked_logprobs_hold_no_full_logits():
       if chunk is None:
         return jnp.sum(model.hidden(ids))
       return jnp.sum(model.token_logprobs(ids))
-    return jax.jit(jax.grad(loss)).lower(state).compile().memory_analysis(
-        ).temp_size_in_bytes
+    return jax.jit(jax.grad(loss)).lower(state).compile()
 
-  body, chunked, unchunked = temp_bytes(None), temp_bytes(64), temp_bytes(0)
-  # The check can fail: the unchunked head's logits do show up.
-  assert unchunked - body > full_logits, (body, unchunked)
-  assert chunked - body < full_logits / 4, (body, chunked)
+  body, chunked, unchunked = compiled(None), compiled(64), compiled(0)
+  # The check can fail: the unchunked head's program has a [B, T-1, V] fp32 array.
+  # (Its temporaries grow by 107 MiB on jax 0.10.2 but by 43 MiB on 0.12.1, whose
+  # buffer assignment lays the logits over body temporaries that are dead by then;
+  # so the array's shape, not the byte count, shows that the logits are there.)
+  assert _largest_f32_array(unchunked) >= logit_elems
+  assert _largest_f32_array(chunked) < logit_elems / 4
+  temp = lambda c: c.memory_analysis().temp_size_in_bytes
+  assert temp(chunked) - temp(body) < full_logits / 4, (temp(body), temp(chunked))
 
 
 def test_decode_program_holds_no_copy_of_the_cache():
