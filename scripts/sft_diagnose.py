@@ -44,7 +44,6 @@ def main():
   mcfg = rundir.model_config(config, vocab_size=len(tok))
   mesh = shd.make_mesh({"data": 1, "fsdp": -1, "tensor": 1})
   graphdef, abstract, shardings = state_lib.abstract_model(mcfg, mesh, shd.as_rules(None))
-  ckdir = os.path.join(args.workdir, "checkpoints")
   state = ckpt_lib.restore_model_state(args.workdir,
                                        ckpt_lib.with_shardings(abstract, shardings))
   rl = config.rl
