@@ -6,6 +6,7 @@ each step runs, a failing attention check fails the script, and the summary tabl
 collects the figures.
 """
 
+from importlib import metadata
 import os
 import shutil
 import subprocess
@@ -49,7 +50,6 @@ def test_steps_run_and_summary_collects_figures(tmp_path):
   assert res.returncode == 0, out + res.stderr
   summary = out[out.index("== device_check summary"):]
   # The versions the steps import, read from the installed metadata.
-  from importlib import metadata
   versions = next(l for l in out.splitlines() if l.startswith("device_check: versions:"))
   assert f"flax {metadata.version('flax')}," in versions
   assert f"jaxlib {metadata.version('jaxlib')}," in versions
