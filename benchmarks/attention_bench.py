@@ -6,7 +6,8 @@ small model (4 layers, hidden 128, 2 heads, 1 KV head, head_dim 32, vocab
 `reference` (one dense [T,T] score matrix a head), `reference:N` (causal
 query blocks of N, `attention_block`), `blocked:N` (the same blocks with
 the written backward), `chunked:N` (flash attention in blocks of N,
-`attention_chunk`), `xla` (jax.nn.dot_product_attention).
+`attention_chunk`), `xla` (jax.nn.dot_product_attention), `tokamax` (the
+optional package).
 Variants are timed interleaved (one call each per round) so that outside
 load hits them alike; the table gives the median of `--reps` rounds, the
 speed-up over the first variant, the largest loss and gradient differences

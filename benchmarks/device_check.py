@@ -9,6 +9,8 @@ and must agree within ``--fp32_tol``. bf16 models are compared with the fp32
 reference: a path passes when its error is at most ``--bf16_factor`` times the
 bf16 reference path's own error plus ``--bf16_floor``, i.e. it may not be
 worse than the einsum path at the same precision. cuDNN is bf16/fp16 only.
+``tokamax`` (opt-in package) is checked when it is installed, and named as
+skipped when not (`requirements-tokamax.txt`).
 
 ``train``: one SFT step and one RL (GRPO) step of a Qwen3 preset with random
 weights (`train_step_bench.build_model`, the learner's step builders on a
@@ -31,6 +33,7 @@ A failed check exits 1.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import statistics
 import sys
@@ -80,6 +83,8 @@ def implementations(platform: str) -> list[str]:
     names.append("cudnn")
   if platform == "tpu":
     names.append("splash")
+  if importlib.util.find_spec("tokamax") is not None:
+    names.append("tokamax")
   return names
 
 
@@ -124,6 +129,9 @@ def attention_main(args) -> int:
   bf16_tol = args.bf16_factor * bf16_ref_err + args.bf16_floor
   print(f"logits scale: max |reference fp32| = {float(jnp.max(jnp.abs(ref32))):.3f}; "
         f"bf16 reference vs fp32 reference: {bf16_ref_err:.3e}")
+  if "tokamax" not in implementations(platform):
+    print("tokamax is not installed: attention='tokamax' skipped "
+          "(pip install -r requirements-tokamax.txt)")
   print(f"| {'attention':10s} | {'dtype':8s} | resolves to | max abs diff | tolerance | ok |")
   print(f"|{'-' * 12}|{'-' * 10}|-------------|--------------|-----------|----|")
   failures, summary = [], []

@@ -46,11 +46,12 @@ LOGS="${DEVICE_CHECK_LOGS:-$(mktemp -d -t device_check.XXXXXX)}"
 mkdir -p "$LOGS"
 echo "device_check: $ndev x $kind, jax $jax_version, budget ${BUDGET_S}s, logs in $LOGS"
 # The versions the steps will import (a machine's image may hold other versions than
-# the ones this project is tested with: see docs/gpu.md); "missing" if not installed.
+# the ones this project is tested with: see docs/gpu.md); "missing" if not installed
+# (tokamax is optional: requirements-tokamax.txt).
 timeout 60 "$PY" -c '
 from importlib import metadata
 names = ("jaxlib", "flax", "optax", "orbax-checkpoint", "chex", "ml-collections",
-         "tensorflow-datasets", "transformers", "torch", "numpy")
+         "tensorflow-datasets", "transformers", "torch", "numpy", "tokamax")
 def version(name):
   try:
     return metadata.version(name)

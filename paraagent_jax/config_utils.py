@@ -272,6 +272,7 @@ def train_defaults() -> ml_collections.ConfigDict:
   # 0 = dense. The query block of "blocked" (0 = 128).
   c.model.attention_block = 0
   # "auto" | "reference" | "blocked" | "chunked" | "xla" | "cudnn" | "splash"
+  # | "tokamax" (optional package: requirements-tokamax.txt)
   # (see paraagent_jax/models/attention.py; auto = splash on TPU, cuDNN on GPU
   # for bf16, on the CPU blocked up to 2,048 tokens, chunked beyond) and the
   # block size of the chunked kernels.

@@ -37,6 +37,7 @@ from paraagent_jax import dry_run
 from paraagent_jax import interrupts
 from paraagent_jax import metrics as metrics_lib
 from paraagent_jax import rundir
+from paraagent_jax.models import attention as attention_lib
 from paraagent_jax.trainer import pipeline
 from paraagent_jax.trainer import state as state_lib
 
@@ -64,6 +65,11 @@ def main(argv) -> None:
     # Orbax logs every file it writes at INFO; keep the console readable.
     logging.set_verbosity(logging.WARNING)
   config = cli.config_value(PROG)
+  if config.get("model") is not None and config.model.get("attention") == "tokamax":
+    try:   # the optional package: say so now, not after the demonstrations
+      attention_lib.import_tokamax()
+    except ImportError as e:
+      cli.fail(PROG, str(e))
   if _DRY_RUN.value:
     sys.exit(dry_run.main(config, _FAKE_DEVICES.value))
   if not cli.WORKDIR.value:

@@ -62,7 +62,7 @@ def _value_and_grads(impl, q, k, v, w, mask, seg, **kw):
 @pytest.mark.parametrize("impl,block", [("chunked", 16), ("chunked", 7),
                                         ("chunked", 512), ("xla", 0),
                                         ("reference", 0), ("blocked", 13),
-                                        ("blocked", 128)])
+                                        ("blocked", 128), ("tokamax", 0)])
 @pytest.mark.parametrize("n,k", [(4, 4), (4, 2), (6, 2)])
 def test_paths_match_reference_forward_and_grads(impl, block, n, k):
   b, t, h = 3, 70, 8                 # 70: not a multiple of the block
@@ -79,6 +79,66 @@ def test_paths_match_reference_forward_and_grads(impl, block, n, k):
   for g, r in zip(got_g, want_g):
     assert np.abs(r).max() > 1e-2
     np.testing.assert_allclose(g, r, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("left_padded", [False, True])
+def test_tokamax_unpacked_rows_match_reference(left_padded):
+  """attention='tokamax' without segment ids: right-padded rows go as lengths.
+
+  A batch with a left-padded row must take the dense-mask call instead (the
+  lengths cannot say where a row starts); both agree with the reference.
+  """
+  b, t, n, k, h = 3, 70, 4, 2, 8
+  q, kk, v, w = _inputs(b, t, n, k, h, seed=4)
+  mask = np.ones((b, t), np.int32)
+  mask[1, t - 9:] = 0
+  mask[2, t - 30:] = 0
+  if left_padded:
+    mask[0, :5] = 0
+  _, want, want_g = _value_and_grads("reference", q, kk, v, w, mask, None,
+                                     block=512)
+  _, got, got_g = _value_and_grads("tokamax", q, kk, v, w, mask, None,
+                                   block=512)
+  np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+  for g, r in zip(got_g, want_g):
+    assert np.abs(r).max() > 1e-2
+    np.testing.assert_allclose(g, r, atol=1e-5, rtol=0)
+
+
+def test_tokamax_takes_the_lengths_call_only_for_right_padded_rows(monkeypatch):
+  """Which tokamax call runs (recorded on the device through a callback)."""
+  import tokamax  # pylint: disable=g-import-not-at-top
+  calls = []
+  real_fn = tokamax.dot_product_attention
+
+  def spy(*args, **kw):
+    kind = "lengths" if "key_value_seq_lengths" in kw else "mask"
+    jax.debug.callback(lambda: calls.append(kind))
+    return real_fn(*args, **kw)
+
+  monkeypatch.setattr(tokamax, "dot_product_attention", spy)
+  q, kk, v, _ = _inputs(2, 16, 4, 2, 8, seed=5)
+  run = lambda mask, seg=None: jax.block_until_ready(attn.self_attention(
+      q, kk, v, attention_mask=mask, segment_ids=seg, impl="tokamax", block=8))
+  right = np.ones((2, 16), np.int32)
+  right[1, 11:] = 0
+  left = np.ones((2, 16), np.int32)
+  left[1, :3] = 0
+  run(right)
+  run(left)
+  packed = np.zeros((2, 16), np.int32)
+  packed[:, 8:] = 1
+  run(None)
+  run(None, packed)
+  assert calls == ["lengths", "mask", "lengths", "mask"]
+
+
+def test_tokamax_missing_package_is_a_clear_error(monkeypatch):
+  monkeypatch.setitem(__import__("sys").modules, "tokamax", None)
+  q, kk, v, _ = _inputs(1, 8, 2, 1, 4)
+  with pytest.raises(ImportError, match="pip install tokamax"):
+    attn.self_attention(q, kk, v, attention_mask=None, segment_ids=None,
+                        impl="tokamax", block=8)
 
 
 def test_segments_do_not_attend_across():
@@ -364,8 +424,9 @@ def test_decode_program_holds_no_copy_of_the_cache():
   assert compiled.memory_analysis().temp_size_in_bytes < cache_bytes / 8
 
 
-def test_splash_under_shard_map_on_8_devices_matches_reference():
-  """The per-shard splash call (batch over data x fsdp, heads over tensor)."""
+@pytest.mark.parametrize("impl", ["splash", "tokamax"])
+def test_pallas_paths_under_shard_map_on_8_devices_match_reference(impl):
+  """The per-shard call (batch over data x fsdp, heads over tensor)."""
   mesh = shd.make_mesh(dict(data=2, fsdp=2, tensor=2))
   rules = shd.as_rules(None)
   b, t, n, k, h = 4, 256, 4, 2, 128
@@ -378,7 +439,9 @@ def test_splash_under_shard_map_on_8_devices_matches_reference():
   seg[1, 130:] = 2
   seg[2, 200:] = 0
   seg = jnp.asarray(seg)
-  fn = functools.partial(attn.splash_attention, interpret=True, block=128)
+  fn = (functools.partial(attn.splash_attention, interpret=True, block=128)
+        if impl == "splash" else
+        functools.partial(attn.tokamax_attention, packed=True))
   got = jax.jit(lambda q, k, v, s: attn._sharded(fn, q, k, v, s, (mesh, rules)))(
       q, kk, v, seg)
   want = attn.reference(q, kk, v, attn.dense_mask(seg))

@@ -57,8 +57,10 @@ def test_steps_run_and_summary_collects_figures(tmp_path):
   for step in ("attention", "train", "sampler"):
     assert f"| {step} | ok |" in summary
     assert (tmp_path / f"{step}.log").exists()
-  # cuDNN is a GPU path: on the CPU the check covers auto, chunked and xla, fp32 and bf16.
-  for impl in ("auto", "chunked", "xla"):
+  assert f"tokamax {metadata.version('tokamax')}" in versions
+  # cuDNN is a GPU path: on the CPU the check covers auto, chunked, xla and the
+  # installed tokamax (requirements-test.txt), fp32 and bf16.
+  for impl in ("auto", "chunked", "xla", "tokamax"):
     assert summary.count(f"attention {impl} ") == 2
   assert "train SFT:" in summary and "train RL (GRPO):" in summary
   assert "MFU n/a" in summary               # no peak FLOP/s for a CPU
@@ -74,3 +76,15 @@ def test_a_failed_check_fails_the_script(tmp_path):
   assert "| attention | FAIL (exit 1) |" in res.stdout
   assert "ATTENTION PARITY FAILED" in res.stdout
   assert "| train |" not in res.stdout      # DEVICE_CHECK_STEPS selected one step
+
+
+def test_tokamax_is_checked_only_when_installed(monkeypatch):
+  sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+  import device_check  # pylint: disable=g-import-not-at-top
+  assert device_check.implementations("gpu") == ["auto", "chunked", "xla", "cudnn",
+                                                 "tokamax"]
+  real = device_check.importlib.util.find_spec
+  monkeypatch.setattr(device_check.importlib.util, "find_spec",
+                      lambda name: None if name == "tokamax" else real(name))
+  assert device_check.implementations("gpu") == ["auto", "chunked", "xla", "cudnn"]
+  assert device_check.implementations("tpu") == ["auto", "chunked", "xla", "splash"]

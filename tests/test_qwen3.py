@@ -196,6 +196,23 @@ def test_scan_layers_and_remat_match_loop(tiny):
   assert qwen3.cache_capacity(loop_cache) == qwen3.cache_capacity(cache) == 12
 
 
+def _assert_same_model(model, want, ids, mask):
+  """`model`'s logits at real positions and log-prob gradients equal `want`'s."""
+  real = np.asarray(mask, bool)
+  np.testing.assert_allclose(np.asarray(model(ids, attention_mask=mask))[real],
+                             np.asarray(want(ids, attention_mask=mask))[real],
+                             atol=2e-5, rtol=1e-5)
+  # Targets predicted from a real position (a padding query's output differs).
+  w = mask * jnp.pad(mask[:, :-1], ((0, 0), (1, 0)))
+
+  def loss(m):
+    return jnp.sum(qwen3.token_logprobs(m, ids, mask) * w)
+
+  for a, b in zip(jax.tree.leaves(nnx.grad(loss)(model)),
+                  jax.tree.leaves(nnx.grad(loss)(want))):
+    np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4)
+
+
 @pytest.mark.parametrize("block", [8, 5])
 def test_attention_blocks_match_dense(tiny, block):
   """Causal query blocks (`attention_block`) of the reference path = the
@@ -210,23 +227,25 @@ def test_attention_blocks_match_dense(tiny, block):
   mask = np.ones((3, t), np.int32)
   mask[1, :4] = 0          # left padding: those queries see no key at all
   mask[2, 20:] = 0         # right padding
-  mask = jnp.asarray(mask)
-  real = np.asarray(mask, bool)
-  np.testing.assert_allclose(np.asarray(blocked(ids, attention_mask=mask))[real],
-                             np.asarray(tiny(ids, attention_mask=mask))[real],
-                             atol=2e-5, rtol=1e-5)
-
-  # Targets predicted from a real position (a padding query's output differs).
-  w = mask * jnp.pad(mask[:, :-1], ((0, 0), (1, 0)))
-
-  def loss(model):
-    return jnp.sum(qwen3.token_logprobs(model, ids, mask) * w)
-
-  for a, b in zip(jax.tree.leaves(nnx.grad(loss)(blocked)),
-                  jax.tree.leaves(nnx.grad(loss)(tiny))):
-    np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4)
+  _assert_same_model(blocked, tiny, ids, jnp.asarray(mask))
   with pytest.raises(ValueError, match="attention_block"):
     qwen3.Qwen3Config.preset("tiny", attention_block=-1)
+
+
+def test_tokamax_attention_model_matches_default(tiny):
+  """The whole model with `attention="tokamax"` (opt-in package): forward and
+  log-prob gradients equal the default path's, with right padding (the
+  per-row-lengths call) and then with a left-padded row (the dense mask)."""
+  cfg = qwen3.Qwen3Config.preset("tiny", attention="tokamax")
+  tk = qwen3.Qwen3(cfg, rngs=nnx.Rngs(0))   # the same init as `tiny`
+  t = 29
+  ids = jax.random.randint(jax.random.key(6), (3, t), 0, 512)
+  for left in (False, True):
+    mask = np.ones((3, t), np.int32)
+    mask[2, 17:] = 0
+    if left:
+      mask[1, :4] = 0
+    _assert_same_model(tk, tiny, ids, jnp.asarray(mask))
 
 
 def test_token_logprobs_match_numpy_log_softmax(tiny):

@@ -217,6 +217,20 @@ def test_truncated_checkpoint_file_one_line_for_evaluate_export_and_train_falls_
   assert got[STEPS] == ref[STEPS]
 
 
+def test_tokamax_attention_without_the_package_fails_first(tmp_path):
+  """attention=tokamax is checked before any work, with how to install it."""
+  shadow = tmp_path / "shadow"
+  shadow.mkdir()
+  (shadow / "tokamax.py").write_text("raise ImportError('no tokamax here')\n")
+  env = dict(_env(), PYTHONPATH=f"{shadow}{os.pathsep}{ROOT}")
+  cmd = train_cmd(tmp_path / "run") + ["--config.model.attention=tokamax"]
+  proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                        timeout=300)
+  assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+  assert "pip install tokamax" in proc.stderr
+  assert not (tmp_path / "run").exists()
+
+
 def test_pipeline_sft2_needs_sft_and_known_keys(tmp_path):
   c = tiny_config()
   c.pipeline.stages = ("sft2",)

@@ -28,6 +28,12 @@ Two kinds of attention run in the model:
   - ``"splash"``: the Pallas TPU splash-attention kernel
     (`jax.experimental.pallas.ops.tpu.splash_attention`) with causal mask and
     segment ids, run per shard under `shard_map` when the model is sharded.
+  - ``"tokamax"`` (opt-in; `pip install tokamax`): `tokamax.dot_product_attention`,
+    which picks its own kernel (Pallas Mosaic on TPU and Hopper/Blackwell
+    GPUs, then Triton, then XLA's dense path), run per shard like splash.
+    Unpacked right-padded rows go as causal + per-row lengths; packed or
+    otherwise padded rows as the dense causal + segment mask (`tokamax_attention`).
+    On the CPU it is XLA's dense path (T^2 memory): docs/gpu.md, "tokamax".
   - ``"auto"`` (default): splash on TPU, cuDNN on GPU for bf16/fp16 models,
     and on the CPU the blocked path for rows of up to `CPU_DENSE_MAX` tokens
     (faster there than chunked, whose backward recomputes the scores;
@@ -59,7 +65,7 @@ from paraagent_jax import sharding as shd
 MASK_VALUE = -1e30
 
 IMPLEMENTATIONS = ("auto", "reference", "blocked", "chunked", "xla", "cudnn",
-                   "splash")
+                   "splash", "tokamax")
 
 # "auto" on the CPU: rows up to this long use the blocked path (dense scores
 # per causal query block; its [T, T] scores per head are at most 16 MiB
@@ -432,6 +438,55 @@ def splash_attention(q, k, v, seg, *, interpret: bool = False, block: int = 512)
   return jnp.swapaxes(out, 1, 2)
 
 
+def import_tokamax():
+  """The `tokamax` module, or ImportError saying how to install it."""
+  try:
+    import tokamax  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise ImportError(
+        "attention='tokamax' needs the tokamax package (Pallas kernels; not in "
+        "requirements.txt): pip install tokamax==0.0.12, or pick another "
+        f"attention of {IMPLEMENTATIONS}") from e
+  # tokamax reads its options from absl flags and, when nothing has parsed
+  # them yet, parses the whole `sys.argv` itself: under pytest, a notebook or
+  # any non-absl script that raises "Unknown command line flag". Outside an
+  # absl app its options keep their defaults.
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  if not flags.FLAGS.is_parsed():
+    flags.FLAGS.mark_as_parsed()
+  return tokamax
+
+
+def tokamax_attention(q, k, v, seg, *, packed: bool):
+  """`tokamax.dot_product_attention`: causal, GQA, padding and segments. [B,T,N,H].
+
+  tokamax picks the kernel (Mosaic on TPU and NVIDIA Hopper/Blackwell, then
+  Triton, then XLA). Without segments (`packed=False`) a batch whose rows are
+  all right-padded goes as causal + per-row query/key lengths, which every
+  tokamax kernel takes; any other padding (checked on the device, `lax.cond`)
+  and packed rows go as the dense causal + segment mask [B,1,T,T] (T^2
+  bools). Runs on one shard's arrays (see `self_attention`).
+  """
+  tokamax = import_tokamax()
+  t = q.shape[1]
+
+  def dense(_):
+    return tokamax.dot_product_attention(q, k, v, mask=dense_mask(seg)[:, None])
+
+  if packed:
+    return dense(None)
+  real = seg > 0
+  lengths = jnp.sum(real, axis=1).astype(jnp.int32)
+  right_padded = jnp.all(real == (jnp.arange(t)[None] < lengths[:, None]))
+
+  def by_lengths(_):
+    return tokamax.dot_product_attention(
+        q, k, v, is_causal=True, query_seq_lengths=lengths,
+        key_value_seq_lengths=lengths)
+
+  return jax.lax.cond(right_padded, by_lengths, dense, None)
+
+
 def _sharded(fn, q, k, v, seg, ctx):
   """Runs `fn` per shard under shard_map (Pallas kernels do not partition)."""
   mesh, rules = ctx if ctx is not None else (None, None)
@@ -467,6 +522,10 @@ def self_attention(q, k, v, *, attention_mask, segment_ids, impl: str,
   if impl == "splash":
     return _sharded(functools.partial(splash_attention, block=block), q, k, v,
                     seg, ctx)
+  if impl == "tokamax":
+    return _sharded(functools.partial(tokamax_attention,
+                                      packed=segment_ids is not None),
+                    q, k, v, seg, ctx)
   return flash_attention(q, k, v, seg, block)
 
 

@@ -61,7 +61,8 @@ class Qwen3Config:
   # on TPU, cuDNN on GPU for bf16/fp16, on the CPU blocked for rows up to
   # 2,048 tokens and chunked beyond), "reference" (the einsum path, autodiff),
   # "blocked" (reference blocks, written VJP), "chunked", "xla", "cudnn",
-  # "splash". The KV-cache path is chunked unless this is "reference".
+  # "splash", "tokamax" (opt-in package). The KV-cache path is chunked
+  # unless this is "reference".
   attention: str = "auto"
   # Block size of the chunked/splash kernels and of the cache attention.
   attention_chunk: int = 256
@@ -84,7 +85,8 @@ class Qwen3Config:
       raise ValueError(f"remat={self.remat!r}; expected 'none', 'full' or 'dots'")
     if self.attention_block < 0:
       raise ValueError(f"attention_block={self.attention_block} must be >= 0")
-    known = ("auto", "reference", "blocked", "chunked", "xla", "cudnn", "splash")
+    known = ("auto", "reference", "blocked", "chunked", "xla", "cudnn", "splash",
+             "tokamax")
     if self.attention not in known:
       raise ValueError(f"attention={self.attention!r}; expected one of {known}")
     if self.attention_chunk < 1:
