@@ -133,6 +133,40 @@ def test_tokamax_takes_the_lengths_call_only_for_right_padded_rows(monkeypatch):
   assert calls == ["lengths", "mask", "lengths", "mask"]
 
 
+def test_cudnn_dispatch_falls_back_unless_right_padded(monkeypatch):
+  """`impl="cudnn"` passes per-row lengths only for right-padded batches.
+
+  cuDNN needs a GPU; a stand-in with cuDNN's mask (causal + lengths, the XLA
+  kernel of `jax.nn.dot_product_attention`) records when it runs. A left-padded
+  row must take the chunked path, and both must equal the reference.
+  """
+  calls = []
+
+  def stand_in(q, k, v, lengths):
+    jax.debug.callback(lambda: calls.append("cudnn"))
+    return jax.nn.dot_product_attention(
+        q, k, v, is_causal=True, query_seq_lengths=lengths,
+        key_value_seq_lengths=lengths, implementation="xla")
+
+  monkeypatch.setattr(attn, "cudnn_attention", stand_in)
+  b, t, n, k, h = 3, 40, 4, 2, 8
+  q, kk, v, w = _inputs(b, t, n, k, h, seed=6)
+  right = np.ones((b, t), np.int32)
+  right[1, 30:] = 0
+  left = right.copy()
+  left[2, :6] = 0
+  for mask, runs in ((right, ["cudnn"]), (left, [])):
+    calls.clear()
+    _, want, want_g = _value_and_grads("reference", q, kk, v, w, mask, None,
+                                       block=512)
+    _, got, got_g = _value_and_grads("cudnn", q, kk, v, w, mask, None, block=16)
+    jax.effects_barrier()
+    assert calls[:1] == runs
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+    for g, r in zip(got_g, want_g):
+      np.testing.assert_allclose(g, r, atol=1e-5, rtol=0)
+
+
 def test_tokamax_missing_package_is_a_clear_error(monkeypatch):
   monkeypatch.setitem(__import__("sys").modules, "tokamax", None)
   q, kk, v, _ = _inputs(1, 8, 2, 1, 4)

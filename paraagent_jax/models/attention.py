@@ -23,8 +23,9 @@ Two kinds of attention run in the model:
     dense boolean mask (T^2 memory; a library cross-check).
   - ``"cudnn"``: `jax.nn.dot_product_attention(implementation="cudnn")` (cuDNN
     flash attention on NVIDIA GPUs; bf16/fp16 only). cuDNN's mask here is
-    causal + per-row key length, so rows must be right-padded and unpacked;
-    with segment ids the call falls back to ``"chunked"``.
+    causal + per-row key length: packed rows (segment ids) take ``"chunked"``,
+    and so does a batch with a row that is not right-padded (a `lax.cond` on
+    the device; the training batches here are right-padded).
   - ``"splash"``: the Pallas TPU splash-attention kernel
     (`jax.experimental.pallas.ops.tpu.splash_attention`) with causal mask and
     segment ids, run per shard under `shard_map` when the model is sharded.
@@ -405,11 +406,21 @@ def xla_attention(q, k, v, seg):
       q, k, v, mask=dense_mask(seg)[:, None], implementation="xla")
 
 
-def cudnn_attention(q, k, v, attention_mask):
-  """cuDNN flash attention: causal, right-padded rows (key lengths per row)."""
-  b, t = q.shape[:2]
-  lengths = (jnp.full((b,), t, jnp.int32) if attention_mask is None
-             else jnp.sum(jnp.asarray(attention_mask) > 0, axis=1).astype(jnp.int32))
+def right_padded_lengths(seg):
+  """([B] int32 real tokens per row, whether every row is right-padded).
+
+  Kernels whose mask is causal + a length per row (cuDNN, tokamax's) are
+  exact only when each row's real tokens come first; the flag (a device
+  scalar) lets `self_attention` fall back to a dense or segment mask.
+  """
+  real = seg > 0
+  lengths = jnp.sum(real, axis=1).astype(jnp.int32)
+  right = jnp.all(real == (jnp.arange(seg.shape[1])[None] < lengths[:, None]))
+  return lengths, right
+
+
+def cudnn_attention(q, k, v, lengths):
+  """cuDNN flash attention: causal, right-padded rows (`lengths` per row)."""
   return jax.nn.dot_product_attention(
       q, k, v, is_causal=True, query_seq_lengths=lengths,
       key_value_seq_lengths=lengths, implementation="cudnn")
@@ -468,16 +479,13 @@ def tokamax_attention(q, k, v, seg, *, packed: bool):
   bools). Runs on one shard's arrays (see `self_attention`).
   """
   tokamax = import_tokamax()
-  t = q.shape[1]
 
   def dense(_):
     return tokamax.dot_product_attention(q, k, v, mask=dense_mask(seg)[:, None])
 
   if packed:
     return dense(None)
-  real = seg > 0
-  lengths = jnp.sum(real, axis=1).astype(jnp.int32)
-  right_padded = jnp.all(real == (jnp.arange(t)[None] < lengths[:, None]))
+  lengths, right_padded = right_padded_lengths(seg)
 
   def by_lengths(_):
     return tokamax.dot_product_attention(
@@ -518,7 +526,11 @@ def self_attention(q, k, v, *, attention_mask, segment_ids, impl: str,
   if impl == "xla":
     return xla_attention(q, k, v, seg)
   if impl == "cudnn" and segment_ids is None:
-    return cudnn_attention(q, k, v, attention_mask)
+    # cuDNN's mask is causal + key lengths: a batch with a row that is not
+    # right-padded (checked on the device) takes the chunked path instead.
+    lengths, right = right_padded_lengths(seg)
+    return jax.lax.cond(right, lambda: cudnn_attention(q, k, v, lengths),
+                        lambda: flash_attention(q, k, v, seg, block))
   if impl == "splash":
     return _sharded(functools.partial(splash_attention, block=block), q, k, v,
                     seg, ctx)
