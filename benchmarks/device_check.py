@@ -88,6 +88,25 @@ def implementations(platform: str) -> list[str]:
   return names
 
 
+# Custom-call targets of the attention kernels in a lowered (StableHLO) program:
+# Pallas Mosaic on GPU / TPU, Pallas Triton, cuDNN's fused attention.
+KERNEL_MARKERS = (("mosaic", ("mosaic_gpu", "tpu_custom_call")),
+                  ("triton", ("xla.gpu.triton",)),
+                  ("cudnn", ("cudnn",)))
+
+
+def kernels_in_hlo(text: str) -> str:
+  """The attention kernels a lowered program calls, from its StableHLO text.
+
+  tokamax picks its kernel itself (Mosaic, Triton, cuDNN or XLA); the custom
+  calls say which one it took, "xla" when there is none. The lowered text,
+  not the compiled one: XLA's GPU compiler adds Triton fusions of its own.
+  """
+  found = [name for name, markers in KERNEL_MARKERS
+           if any(m in text for m in markers)]
+  return "+".join(found) or "xla"
+
+
 def _logits_fn(cfg):
   """A jitted ``(state, ids, mask) -> logits`` of a model with config `cfg`."""
   graphdef = nnx.split(nnx.eval_shape(lambda: qwen3.Qwen3(cfg, rngs=nnx.Rngs(0))))[0]
@@ -140,6 +159,15 @@ def attention_main(args) -> int:
       if impl == "cudnn" and dtype == "float32":
         continue                                  # cuDNN attention: bf16/fp16 only
       resolved = attn.resolve(impl, dtype, seq_len=args.seq)
+      if impl == "tokamax":
+        try:
+          with jax.default_matmul_precision(
+              "highest" if dtype == "float32" else "default"):
+            lowered = _logits_fn(base.replace(attention=impl, dtype=dtype)).lower(
+                state, ids, mask)
+          resolved = f"tokamax:{kernels_in_hlo(lowered.as_text())}"
+        except Exception:  # pylint: disable=broad-except
+          pass                                    # the logits call reports it
       try:
         out = logits(impl, dtype)
       except Exception as e:  # pylint: disable=broad-except

@@ -13,7 +13,10 @@ import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
 import pytest
+
+from paraagent_jax.models import attention as attn
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join("benchmarks", "device_check.sh")
@@ -88,3 +91,24 @@ def test_tokamax_is_checked_only_when_installed(monkeypatch):
                       lambda name: None if name == "tokamax" else real(name))
   assert device_check.implementations("gpu") == ["auto", "chunked", "xla", "cudnn"]
   assert device_check.implementations("tpu") == ["auto", "chunked", "xla", "splash"]
+
+
+def test_kernels_in_hlo_names_the_custom_calls():
+  sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+  import device_check  # pylint: disable=g-import-not-at-top
+  # Hand-written lines in the form of each kernel's custom call in StableHLO.
+  assert device_check.kernels_in_hlo(
+      '%0 = stablehlo.custom_call @mosaic_gpu(%arg0)') == "mosaic"
+  assert device_check.kernels_in_hlo(
+      '%0 = stablehlo.custom_call @tpu_custom_call(%arg0)') == "mosaic"
+  assert device_check.kernels_in_hlo(
+      '%0 = stablehlo.custom_call @__gpu$xla.gpu.triton(%a)') == "triton"
+  assert device_check.kernels_in_hlo(
+      '%0 = stablehlo.custom_call @__cudnn$fmhaSoftmax(%a) %1 = '
+      'stablehlo.custom_call @__gpu$xla.gpu.triton(%b)') == "triton+cudnn"
+  # A real program on this CPU: tokamax takes its XLA path, no custom call.
+  q = jnp.ones((1, 16, 2, 8))
+  text = jax.jit(lambda q: attn.self_attention(
+      q, q, q, attention_mask=None, segment_ids=None, impl="tokamax",
+      block=8)).lower(q).as_text()
+  assert device_check.kernels_in_hlo(text) == "xla"
