@@ -1,9 +1,9 @@
 """tokamax's kernels against this project's paths: agreement and compiled memory.
 
-The issue that asked for attention through a kernel library named `tokamax`
-(Pallas kernels, `pip install tokamax`; not in requirements.txt) next to
-`jax.nn.dot_product_attention` and splash. This script puts it beside our own
-paths in one run, on whatever backend JAX has:
+Issue 18 named `tokamax` (Pallas kernels, `pip install tokamax`; not in
+requirements.txt) next to `jax.nn.dot_product_attention` and splash as a kernel
+library for attention. This script puts it beside our own paths in one run, on
+whatever backend JAX has:
 
 1. **Attention** (`attention="tokamax"` against the reference einsum path,
    fp32, GQA, one right-padded row): largest forward and gradient differences,

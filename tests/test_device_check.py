@@ -81,9 +81,15 @@ def test_a_failed_check_fails_the_script(tmp_path):
   assert "| train |" not in res.stdout      # DEVICE_CHECK_STEPS selected one step
 
 
-def test_tokamax_is_checked_only_when_installed(monkeypatch):
+def _device_check_module():
+  """benchmarks/device_check.py as a module (benchmarks/ is not a package)."""
   sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
   import device_check  # pylint: disable=g-import-not-at-top
+  return device_check
+
+
+def test_tokamax_is_checked_only_when_installed(monkeypatch):
+  device_check = _device_check_module()
   assert device_check.implementations("gpu") == ["auto", "chunked", "xla", "cudnn",
                                                  "tokamax"]
   real = device_check.importlib.util.find_spec
@@ -94,8 +100,7 @@ def test_tokamax_is_checked_only_when_installed(monkeypatch):
 
 
 def test_kernels_in_hlo_names_the_custom_calls():
-  sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-  import device_check  # pylint: disable=g-import-not-at-top
+  device_check = _device_check_module()
   # Hand-written lines in the form of each kernel's custom call in StableHLO.
   assert device_check.kernels_in_hlo(
       '%0 = stablehlo.custom_call @mosaic_gpu(%arg0)') == "mosaic"
