@@ -21,7 +21,10 @@ loop of `--new_tokens` steps, nothing else. It is the floor the model's dense
 part can reach with XLA's own dot on this machine; the table shows what the
 rest (attention over the cache, norms, RoPE, argmax, cache writes) adds. The
 same chain in torch (eager, `--threads` threads) is the second peer: it shows
-whether XLA's dot kernels, or the machine, set that floor.
+whether XLA's dot kernels, or the machine, set that floor. The third is the
+first with the MLP's and the LM head's products out-major, as the CPU decode
+step runs them (`Qwen3.decode_weights`: weights [Out, In], products written
+[Out, batch]).
 
   .venv/bin/python benchmarks/decode_profile.py                 # batch 32
   .venv/bin/python benchmarks/decode_profile.py --batch=8 --top=30
@@ -161,6 +164,23 @@ def _dense_step(h0, layers, emb, tile, silu):
   return h0 + 1e-6 * logits[:, :h0.shape[1]]
 
 
+def _dense_step_out_major(h0, layers, emb):
+  """`_dense_step` (JAX) with the MLP and LM head out-major, as the decode's.
+
+  `layers` carry "g_t", "u_t", "dn_t", the transposed gate, up and down.
+  """
+  h = h0
+  nq = layers[0]["q"].shape[1]
+  for p in layers:
+    q, k, vv = h @ p["q"], h @ p["k"], h @ p["v"]
+    h = h + (q + jnp.tile(k + vv, nq // p["k"].shape[1])) @ p["o"]
+    a = (jax.nn.silu(jnp.einsum("FD,MD->FM", p["g_t"], h))
+         * jnp.einsum("FD,MD->FM", p["u_t"], h))
+    h = h + jax.lax.optimization_barrier(jnp.einsum("DF,FM->DM", p["dn_t"], a)).T
+  logits_t = jax.lax.optimization_barrier(jnp.einsum("VD,MD->VM", emb, h))
+  return h0 + 1e-6 * logits_t[:h0.shape[1]].T
+
+
 def _median_cpu(fn, repeats: int) -> tuple[float, np.ndarray]:
   """(median CPU seconds of `fn` after a warm-up call, its output as numpy)."""
   out = np.asarray(fn())
@@ -172,17 +192,25 @@ def _median_cpu(fn, repeats: int) -> tuple[float, np.ndarray]:
   return float(np.median(times)), out
 
 
-def dense_floor(cfg, batch: int, steps: int, repeats: int = 5
-                ) -> tuple[float, np.ndarray]:
+def dense_floor(cfg, batch: int, steps: int, repeats: int = 5,
+                out_major: bool = False) -> tuple[float, np.ndarray]:
   """Median CPU seconds of `steps` x the model's dense matmuls alone, jitted.
 
   Returns them with the chain's output (to check the torch peer against).
+  `out_major`: the MLP and LM head as the CPU decode step runs them.
   """
   layers, emb = _dense_weights(cfg)
+  if out_major:
+    for p in layers:
+      p.update(g_t=p.pop("g").T.copy(), u_t=p.pop("u").T.copy(),
+               dn_t=p.pop("dn").T.copy())
   layers = jax.tree.map(jnp.asarray, layers)
   emb = jnp.asarray(emb)
-  step = lambda i, x: _dense_step(x, layers, emb,
-                                  lambda a, n: jnp.tile(a, n), jax.nn.silu)
+  if out_major:
+    step = lambda i, x: _dense_step_out_major(x, layers, emb)
+  else:
+    step = lambda i, x: _dense_step(x, layers, emb,
+                                    lambda a, n: jnp.tile(a, n), jax.nn.silu)
   run = jax.jit(lambda x: jax.lax.fori_loop(0, steps, step, x))
   x = jnp.asarray(np.random.RandomState(1).randn(batch, cfg.hidden_size)
                   .astype(np.float32) * 0.02)
@@ -270,10 +298,13 @@ def main(argv=None) -> None:
     counts[key] = None    # a copy between decode programs, not a step's
   total = sum(groups.values())
   floor, x_jax = dense_floor(model.config, args.batch, args.new_tokens)
+  floor_om, x_om = dense_floor(model.config, args.batch, args.new_tokens,
+                               out_major=True)
   sampler_bench.torch.set_num_threads(args.threads)
   torch_floor, x_torch = torch_dense_floor(model.config, args.batch,
                                            args.new_tokens)
   chain_diff = float(np.max(np.abs(x_jax - x_torch)))
+  om_diff = float(np.max(np.abs(x_om - x_jax)))
 
   print(f"jax {jax.__version__}; batch {args.batch}, prompt {args.prompt_len}, "
         f"{args.new_tokens} new tokens, greedy; pinned to CPUs "
@@ -301,10 +332,13 @@ def main(argv=None) -> None:
   print("|---|---|")
   print(f"| dense matmuls alone, bare jitted loop (CPU s, median of 5) | {floor:.3f} |")
   print(f"| the same matmuls in torch, eager (CPU s, median of 5) | {torch_floor:.3f} |")
+  print("| the same matmuls, MLP and LM head out-major as the decode's "
+        f"(CPU s, median of 5) | {floor_om:.3f} |")
   print(f"| every dot of the decode programs (profiled thunks) | {dots:.3f} |")
   print(f"| the decode call (CPU s) | {cpu:.3f} |")
-  print(f"\nthe two matmul chains' outputs differ by at most {chain_diff:.1e} "
-        "(the same work on both sides)")
+  print(f"\nthe jitted and torch matmul chains' outputs differ by at most "
+        f"{chain_diff:.1e}, the jitted and out-major ones by at most "
+        f"{om_diff:.1e} (the same work on each side)")
 
 
 if __name__ == "__main__":

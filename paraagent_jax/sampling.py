@@ -5,9 +5,9 @@ It is written against the model contract of `paraagent_jax.models.qwen3`:
 `model.init_cache(batch, max_len)` and `model.forward_chunk(ids, cache, num_new)`,
 where `forward_chunk` appends `num_new[b]` real tokens of a right-padded chunk to
 row `b` of the cache and returns logits for every chunk position, and
-`model.decode_head()` (None, or an LM-head weight that the sampler builds once per
-set of weights and the decode loop passes back to
-`forward_chunk(..., head_weight=...)`).
+`model.decode_weights()` (None, or out-major copies of weights that the sampler
+builds once per set of weights and the decode loop passes back to
+`forward_chunk(..., decode_weights=...)`).
 
 Design:
 * `graphdef, params = nnx.split(model)`; the jitted functions are pure functions of
@@ -193,25 +193,25 @@ class Sampler:
     self.cache_capacities = tuple(sorted({self.max_len * j // n
                                           for j in range(1, n + 1)} - {0})
                                   ) or (self.max_len,)
-    # (params, model.decode_head() of them): on the CPU, the LM head as a
-    # transposed copy of the embedding (`Qwen3.decode_head`), built once per
-    # set of weights, not in every decode call.
-    self._head = None
+    # (params, model.decode_weights() of them): on the CPU, out-major copies
+    # of the weights a decode step multiplies (`Qwen3.decode_weights`), built
+    # once per set of weights, not in every decode call.
+    self._decode_w = None
 
   def update_params(self, model_or_params) -> None:
     """Points the sampler at new weights (a model, or the params of nnx.split)."""
     if isinstance(model_or_params, nnx.Module):
       _, model_or_params = nnx.split(model_or_params)
     self.params = model_or_params
-    self._head = None
+    self._decode_w = None
 
-  def _decode_head(self, stats: SamplerStats):
-    """The decode loop's LM-head weight for the current params (or None)."""
-    if self._head is None or self._head[0] is not self.params:
-      self._head = (self.params, self._call(
-          "decode_head", kernels.DECODE_HEAD_JIT, stats,
+  def _decode_weights(self, stats: SamplerStats):
+    """The decode loop's out-major weights for the current params (or None)."""
+    if self._decode_w is None or self._decode_w[0] is not self.params:
+      self._decode_w = (self.params, self._call(
+          "decode_weights", kernels.DECODE_WEIGHTS_JIT, stats,
           (self.graphdef, self.params)))
-    return self._head[1]
+    return self._decode_w[1]
 
   def _call(self, name, jitted, stats, args, static=None):
     """Runs `jitted` through the shared AOT cache, counting compilations."""
@@ -361,7 +361,7 @@ class Sampler:
                   use_top_p=(not greedy) and float(top_p) < 1.0,
                   pad_id=int(pad_token_id))
     loop = kernels.decode_loop_init(budget, n_buf, width, int(pad_token_id))
-    head = self._decode_head(state.stats)
+    decode_w = self._decode_weights(state.stats)
     stats = state.stats
     # Runs the loop; when an active row's next token does not fit in the
     # cache, the loop returns and goes on in the next cache size.
@@ -371,7 +371,7 @@ class Sampler:
     while True:
       args = (self.graphdef, self.params, cache, logits, sub, loop, budget,
               stop_arr, stop_msk, np.float32(max(float(temperature), 1e-6)),
-              np.float32(top_p), head)
+              np.float32(top_p), decode_w)
       cache, logits, loop = self._call("decode", kernels.DECODE_JIT, stats,
                                        args, static)
       # As numpy (small arrays), like the first call's: the same program.

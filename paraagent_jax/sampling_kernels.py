@@ -36,8 +36,8 @@ def append_fn(graphdef, params, cache, next_logits, input_ids, num_new):
   return cache, next_logits
 
 
-def argmax(x):
-  """`jnp.argmax` over the last axis (first index of the maximum; NaN wins).
+def argmax(x, axis: int = -1):
+  """`jnp.argmax` over `axis` (first index of the maximum; NaN wins).
 
   As a max and a min over a masked iota: XLA CPU lowers argmax to a variadic
   (value, index) reduce that does not vectorise, 0.6 ms for [32, 4096] against
@@ -46,17 +46,17 @@ def argmax(x):
   of reduce-windows, and the float one 35% faster (42 against 65 us a step at
   [32, 4096]; docs/sampler_speed.md).
   """
-  v = x.shape[-1]
+  v = x.shape[axis]
   if v > 1 << 24:
     raise ValueError(f"argmax over {v} > 2**24 entries: float32 indices are "
                      "not exact")
-  m = jnp.max(x, axis=-1, keepdims=True)
+  m = jnp.max(x, axis=axis, keepdims=True)
   hit = (x == m) | jnp.isnan(x)
-  iota = jnp.arange(v, dtype=jnp.float32)
-  return jnp.min(jnp.where(hit, iota, v - 1.0), axis=-1).astype(jnp.int32)
+  iota = jax.lax.broadcasted_iota(jnp.float32, x.shape, axis % x.ndim)
+  return jnp.min(jnp.where(hit, iota, v - 1.0), axis=axis).astype(jnp.int32)
 
 
-def token_logprob(logits, tok):
+def token_logprob(logits, tok, axis: int = -1):
   """log_softmax(logits)[b, tok[b]] per row, without a [B, V] log-softmax.
 
   The same arithmetic as `jax.nn.log_softmax` (shift by the row max, minus
@@ -64,10 +64,10 @@ def token_logprob(logits, tok):
   log-softmax wrote a [B, V] array every decode step (~2% of a batch-32
   decode call on the CPU; docs/sampler_speed.md).
   """
-  m = jnp.max(logits, axis=-1, keepdims=True)
-  lse = jnp.log(jnp.sum(jnp.exp(logits - m), axis=-1))
-  picked = jnp.take_along_axis(logits, tok[:, None], axis=-1)[:, 0]
-  return (picked - m[:, 0]) - lse
+  m = jnp.max(logits, axis=axis, keepdims=True)
+  lse = jnp.log(jnp.sum(jnp.exp(logits - m), axis=axis))
+  picked = jnp.take_along_axis(logits, jnp.expand_dims(tok, axis), axis=axis)
+  return (jnp.squeeze(picked, axis) - jnp.squeeze(m, axis)) - lse
 
 
 def sample_token(logits, key, temperature, top_p, *, greedy: bool, top_k: int,
@@ -102,9 +102,9 @@ def sample_token(logits, key, temperature, top_p, *, greedy: bool, top_k: int,
   return tok.astype(jnp.int32), proc_lp
 
 
-def decode_head_fn(graphdef, params):
-  """`model.decode_head()`: the decode loop's LM-head weight, or None."""
-  return nnx.merge(graphdef, params).decode_head()
+def decode_weights_fn(graphdef, params):
+  """`model.decode_weights()`: the decode loop's out-major weights, or None."""
+  return nnx.merge(graphdef, params).decode_weights()
 
 
 def decode_loop_init(budget, n_buf: int, width: int, pad_id: int):
@@ -124,7 +124,7 @@ def decode_loop_init(budget, n_buf: int, width: int, pad_id: int):
 
 
 def decode_fn(graphdef, params, cache, next_logits, key, loop, budget,
-              stop_seqs, stop_mask, temperature, top_p, head_weight=None, *,
+              stop_seqs, stop_mask, temperature, top_p, decode_weights=None, *,
               greedy: bool, top_k: int, use_top_p: bool, pad_id: int):
   """Decode loop on device: samples until every row stopped or ran out of budget.
 
@@ -137,8 +137,8 @@ def decode_fn(graphdef, params, cache, next_logits, key, loop, budget,
   `budget[b]` is row b's token budget (0 = row excluded). `stop_seqs` [S, W]
   are stop sequences right-aligned in a window of the last W generated
   tokens, with `stop_mask` marking their real positions (stop ids are
-  sequences of length 1). `head_weight`: None, or `decode_head_fn`'s LM-head
-  weight (the sampler builds it once per set of weights). The cache is
+  sequences of length 1). `decode_weights`: None, or `decode_weights_fn`'s
+  out-major weights (the sampler builds them once per set of weights). The cache is
   carried through the loop and updated in place; attention reads it block by
   block (no copy of it or of a layer).
 
@@ -149,12 +149,30 @@ def decode_fn(graphdef, params, cache, next_logits, key, loop, budget,
   n_buf = loop[4].shape[1]
   capacity = qwen3.cache_capacity(cache)
 
-  def sample(logits, i):
-    """(token, its log-prob, its log-prob under the sampling dist) of step i."""
+  def sample(logits, i, axis=-1):
+    """(token, its log-prob, its log-prob under the sampling dist) of step i.
+
+    `logits` [B, V], or [V, B] with `axis=0`.
+    """
+    if greedy:
+      tok = argmax(logits, axis)
+      return tok, token_logprob(logits, tok, axis), jnp.zeros(tok.shape,
+                                                              jnp.float32)
+    if axis == 0:
+      logits = logits.T
     tok, plp = sample_token(logits, jax.random.fold_in(key, i), temperature,
                             top_p, greedy=greedy, top_k=top_k,
                             use_top_p=use_top_p)
     return tok, token_logprob(logits, tok), plp
+
+  # With decode weights (the CPU), a step's LM head writes its product [V, B]
+  # (`Qwen3.decode_weights`): the loop carries the logits as [V, B], so that
+  # the transpose back in `forward_chunk` cancels, and greedy decoding
+  # reduces over V in place. Read as [B, V], the select below and the argmax
+  # read the product with a stride (+0.01 s a batch-32 bench call, profiled).
+  vocab_major = decode_weights is not None
+  axis = 0 if vocab_major else -1
+  swap = (lambda x: x.T) if vocab_major else (lambda x: x)
 
   # The loop samples at the end of a step, from the logits it just made, and
   # carries the token into the next step. Sampled at the start of a step from
@@ -176,11 +194,11 @@ def decode_fn(graphdef, params, cache, next_logits, key, loop, budget,
     # Feed the token (the stop token too) so the cache holds the whole turn.
     new_logits, cache = model.forward_chunk(tok[:, None], cache,
                                             active.astype(jnp.int32),
-                                            head_weight=head_weight)
-    logits = jnp.where(active[:, None], new_logits[:, 0].astype(jnp.float32),
-                       logits)
+                                            decode_weights=decode_weights)
+    logits = jnp.where(jnp.expand_dims(active, axis),
+                       swap(new_logits[:, 0].astype(jnp.float32)), logits)
     active = active & ~hit & (gen_len < budget)
-    return (i + 1, cache, logits, sample(logits, i + 1), active, gen_len,
+    return (i + 1, cache, logits, sample(logits, i + 1, axis), active, gen_len,
             recent, toks, lps, plps, hit_any | hit)
 
   def cond(c):
@@ -189,9 +207,9 @@ def decode_fn(graphdef, params, cache, next_logits, key, loop, budget,
     return (c[0] < n_buf) & jnp.any(c[4]) & fits
 
   i = jnp.asarray(loop[0], jnp.int32)
-  carry = (i, cache, next_logits, sample(next_logits, i)) + tuple(loop[1:])
+  carry = (i, cache, swap(next_logits), sample(next_logits, i)) + tuple(loop[1:])
   carry = jax.lax.while_loop(cond, body, carry)
-  return carry[1], carry[2], (carry[0],) + carry[4:]
+  return carry[1], swap(carry[2]), (carry[0],) + carry[4:]
 
 
 def resize_cache_fn(graphdef, params, cache, *, capacity: int):
@@ -200,7 +218,7 @@ def resize_cache_fn(graphdef, params, cache, *, capacity: int):
 
 
 APPEND_JIT = jax.jit(append_fn, donate_argnums=(2, 3))
-DECODE_HEAD_JIT = jax.jit(decode_head_fn)
+DECODE_WEIGHTS_JIT = jax.jit(decode_weights_fn)
 DECODE_JIT = jax.jit(
     decode_fn, donate_argnums=(2, 3),
     static_argnames=("greedy", "top_k", "use_top_p", "pad_id"))

@@ -437,12 +437,13 @@ def test_decode_program_holds_no_copy_of_the_cache():
   args = (graphdef, params, cache, jnp.zeros((rows, cfg.vocab_size)),
           jax.random.key(0), sampling_kernels.decode_loop_init(budget, 16, 1, 0),
           budget, jnp.zeros((1, 1), jnp.int32), jnp.ones((1, 1), bool),
-          jnp.float32(1.0), jnp.float32(1.0))
-  compiled = sampling_kernels.DECODE_JIT.lower(
-      *args, greedy=False, top_k=0, use_top_p=False, pad_id=0).compile()
-  mem = compiled.memory_analysis()
-  assert mem.temp_size_in_bytes < cache_bytes / 8, (mem.temp_size_in_bytes,
-                                                    cache_bytes)
+          jnp.float32(1.0), jnp.float32(1.0), model.decode_weights())
+  for greedy in (False, True):
+    compiled = sampling_kernels.DECODE_JIT.lower(
+        *args, greedy=greedy, top_k=0, use_top_p=False, pad_id=0).compile()
+    mem = compiled.memory_analysis()
+    assert mem.temp_size_in_bytes < cache_bytes / 8, (
+        greedy, mem.temp_size_in_bytes, cache_bytes)
   # On the CPU the sampler's cache grows in steps; each size's decode
   # program is this one at a smaller capacity, and the copy into the next
   # size is a program of its own (`RESIZE_JIT`).

@@ -5,6 +5,8 @@ the importer); here the references are the model's own full forward for the cach
 (an independent code path: no cache, one causal mask) and numpy for log-probs.
 """
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -99,29 +101,95 @@ def test_rope_by_matmul_equals_split_and_concatenate(dtype):
   assert not np.allclose(np.asarray(got, np.float32), np.asarray(x, np.float32))
 
 
-def test_decode_head_gives_the_logits_of_head(tiny):
-  """The CPU decode loop's LM head ([D, V + pad], zero pad columns) = `head`."""
+def _untied_copy(model):
+  """The same weights with an untied LM head (the embedding, transposed)."""
+  untied = qwen3.Qwen3(model.config.replace(tie_embeddings=False),
+                       rngs=nnx.Rngs(1))
+  _, state = nnx.split(model)
+  nnx.update(untied, state)
+  untied.lm_head[...] = model.embed_tokens[...].T
+  return untied
+
+
+def test_decode_weights_give_the_logits_of_forward_chunk(tiny):
+  """The CPU decode step's out-major weights: the same logits and cache.
+
+  Loop and scanned layers, tied and untied heads, a prefill chunk and a
+  one-token step after it; off the CPU's unsharded model there are none.
+  """
   cfg = tiny.config
   assert cfg.tie_embeddings and jax.default_backend() == "cpu"
-  w = tiny.decode_head()
-  assert w.shape == (cfg.hidden_size, cfg.vocab_size + qwen3.DECODE_HEAD_PAD)
-  np.testing.assert_array_equal(w[:, :cfg.vocab_size],
-                                np.asarray(tiny.embed_tokens[...]).T)
-  np.testing.assert_array_equal(w[:, cfg.vocab_size:], 0.0)
+  d, f = cfg.hidden_size, cfg.intermediate_size
   ids = jnp.asarray([[1, 2, 3], [4, 5, 0]], jnp.int32)
   num_new = jnp.asarray([3, 2], jnp.int32)
-  want, cache_want = tiny.forward_chunk(ids, tiny.init_cache(2, 8), num_new)
-  got, cache_got = tiny.forward_chunk(ids, tiny.init_cache(2, 8), num_new,
-                                      head_weight=w)
-  assert got.shape == want.shape == (2, 3, cfg.vocab_size)
-  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-  np.testing.assert_array_equal(cache_got["lengths"], cache_want["lengths"])
-  # An untied head is [D, V] already; a sharded model keeps `head`.
-  untied = qwen3.Qwen3(cfg.replace(tie_embeddings=False), rngs=nnx.Rngs(0))
-  assert untied.decode_head() is None
+  for model in (tiny, _stacked_copy(tiny), _untied_copy(tiny)):
+    w = model.decode_weights()
+    lead = (cfg.num_layers,) if model.config.scan_layers else ()
+    layers = w["layers"] if model.config.scan_layers else w["layers"][0]
+    assert layers["gate_t"].shape == layers["up_t"].shape == lead + (f, d)
+    assert layers["down_t"].shape == lead + (d, f)
+    if model.config.scan_layers:
+      np.testing.assert_array_equal(layers["down_t"][1], np.asarray(
+          model.layers.down_proj[...])[1].T)
+    else:
+      assert len(w["layers"]) == cfg.num_layers
+      np.testing.assert_array_equal(w["layers"][1]["gate_t"], np.asarray(
+          model.layers[1].gate_proj[...]).T)
+    if model.config.tie_embeddings:
+      assert w["head"] is None          # the embedding, [V, D] already
+    else:
+      np.testing.assert_array_equal(w["head"], np.asarray(model.lm_head[...]).T)
+    cache_w, cache_g = model.init_cache(2, 8), model.init_cache(2, 8)
+    for chunk, n in ((ids, num_new), (ids[:, :1], jnp.asarray([1, 1]))):
+      want, cache_w = model.forward_chunk(chunk, cache_w, n)
+      got, cache_g = model.forward_chunk(chunk, cache_g, n, decode_weights=w)
+      assert got.shape == want.shape == (2, chunk.shape[1], cfg.vocab_size)
+      np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+      for name in ("k", "v"):
+        np.testing.assert_allclose(qwen3.cache_layers(cache_g, name),
+                                   qwen3.cache_layers(cache_w, name),
+                                   rtol=1e-5, atol=1e-6)
+      np.testing.assert_array_equal(cache_g["lengths"], cache_w["lengths"])
   sharded = qwen3.Qwen3(cfg, rngs=nnx.Rngs(0))
   sharded.sharding_ctx = ("a mesh", "rules")
-  assert sharded.decode_head() is None
+  assert sharded.decode_weights() is None
+  # Over the copy budget: no copies. The tied head stays out-major (the
+  # embedding needs no copy), the MLP and an untied head keep their layout.
+  mlp_bytes = 4 * 3 * cfg.num_layers * d * f
+  assert tiny.decode_weights(mlp_bytes)["layers"] is not None
+  over = tiny.decode_weights(mlp_bytes - 1)
+  assert over == {"head": None, "layers": None}
+  assert _untied_copy(tiny).decode_weights(mlp_bytes) is None
+  want, _ = tiny.forward_chunk(ids, tiny.init_cache(2, 8), num_new)
+  got, _ = tiny.forward_chunk(ids, tiny.init_cache(2, 8), num_new,
+                              decode_weights=over)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_decode_step_writes_its_products_out_major(tiny):
+  """In the compiled one-token step, the MLP's and the LM head's products
+  write [Out, rows] (the fast form on the CPU), not [rows, Out].
+
+  XLA folds a transpose that follows a product into the product itself;
+  `qwen3._out_major`'s barrier keeps it from doing so, and this fails if the
+  barrier goes.
+  """
+  cfg = tiny.config
+  b, d, f, v = 3, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+  graphdef, state = nnx.split(tiny)
+
+  def step(state, ids, cache, w):
+    return nnx.merge(graphdef, state).forward_chunk(
+        ids, cache, jnp.ones((b,), jnp.int32), decode_weights=w)
+
+  args = (state, jnp.zeros((b, 1), jnp.int32), tiny.init_cache(b, 8))
+  dots = lambda text: set(re.findall(r"= f32\[([\d,]+)\]\{[\d,]+\} dot\(", text))
+  got = dots(jax.jit(step).lower(*args, tiny.decode_weights()).compile().as_text())
+  assert {f"{f},{b}", f"{d},{b}", f"{v},{b}"} <= got, got
+  assert not {f"{b},{f}", f"{b},{v}"} & got, got
+  # Without them, the products write [rows, Out].
+  plain = dots(jax.jit(step).lower(*args, None).compile().as_text())
+  assert {f"{b},{f}", f"{b},{v}"} <= plain, plain
 
 
 def test_forward_chunk_zero_new_leaves_row_untouched(tiny):

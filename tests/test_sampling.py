@@ -82,6 +82,10 @@ def test_token_logprob_equals_log_softmax_at_the_token():
   want = (x - x.max(-1, keepdims=True)
           - np.log(np.exp(x - x.max(-1, keepdims=True)).sum(-1, keepdims=True)))
   np.testing.assert_allclose(got, want[np.arange(5), tok], rtol=1e-6, atol=1e-5)
+  # Over the first axis (the decode loop's [V, B] logits): the same numbers.
+  got_t = np.asarray(jax.jit(sampling_kernels.token_logprob, static_argnums=2)(
+      logits.T, tok, 0))
+  np.testing.assert_array_equal(got_t, got)
 
 
 def test_argmax_is_numpys_first_maximum_and_nan_wins():
@@ -96,6 +100,8 @@ def test_argmax_is_numpys_first_maximum_and_nan_wins():
   np.testing.assert_array_equal(got, np.asarray(jnp.argmax(x, axis=-1)))
   np.testing.assert_array_equal(got[:5], [np.argmax(x[0]), 7, 4095, 5, 0])
   assert got.dtype == np.int32
+  got_t = np.asarray(jax.jit(sampling_kernels.argmax, static_argnums=1)(x.T, 0))
+  np.testing.assert_array_equal(got_t, got)
 
 
 def test_greedy_tokens_and_logprobs_match_transformers(models):

@@ -178,8 +178,9 @@ class DecoderLayers(nnx.Module):
     return {name: getattr(self, name)[...] for name in _LAYER_AXES}
 
 
-# Zero columns `Qwen3.decode_head` adds to the transposed embedding.
-DECODE_HEAD_PAD = 16
+# The most memory `Qwen3.decode_weights` spends on copies (1 GiB: the MLP of
+# Qwen3-0.6B in fp32 fits).
+DECODE_COPY_MAX_BYTES = 1 << 30
 
 
 def _layer(p, x, rope_tab, mask, cfg: Qwen3Config, ctx, kv_write=None,
@@ -262,12 +263,36 @@ def _layer(p, x, rope_tab, mask, cfg: Qwen3Config, ctx, kv_write=None,
                  o_proj.reshape(-1, o_proj.shape[-1]))
   x = con(x, ("batch", "seq", "act_embed"))
   h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
+  if "down_t" in p:           # a CPU decode step (`Qwen3.decode_weights`)
+    return x + _mlp_out_major(h, p, dt), k_all, v_all
   gate = _dense(h, p["gate_proj"].astype(dt))
   up = _dense(h, p["up_proj"].astype(dt))
   hidden = con(jax.nn.silu(gate) * up, ("batch", "seq", "act_mlp"))
   x = x + _dense(hidden, p["down_proj"].astype(dt))
   x = con(x, ("batch", "seq", "act_embed"))
   return x, k_all, v_all
+
+
+def _out_major(y_t, lead):
+  """y_t [Out, M] (an out-major product) as [*lead, Out].
+
+  The barrier keeps XLA from folding the transpose into the product: the
+  folded product would write [M, Out], the slow form (`Qwen3.decode_weights`).
+  """
+  return jax.lax.optimization_barrier(y_t).T.reshape(*lead, -1)
+
+
+def _mlp_out_major(h, p, dt):
+  """The MLP's output for `h` [.., D], from out-major weights.
+
+  The same products as the MLP of `_layer`, on `Qwen3.decode_weights`' copies
+  ([F, D] gate and up, [D, F] down) with the activations [F, M] in between.
+  """
+  h2 = h.reshape(-1, h.shape[-1])
+  gate = jnp.einsum("FD,MD->FM", p["gate_t"].astype(dt), h2)
+  up = jnp.einsum("FD,MD->FM", p["up_t"].astype(dt), h2)
+  out = jnp.einsum("DF,FM->DM", p["down_t"].astype(dt), jax.nn.silu(gate) * up)
+  return _out_major(out, h.shape[:-1])
 
 
 def _dense(x, w, w_out_first: bool = False, out_dtype=None):
@@ -340,11 +365,13 @@ class Qwen3(nnx.Module):
     return _constrain(x, ("batch", "seq", "act_embed"), self.sharding_ctx)
 
   def _run_layers(self, x, positions, mask, cache=None, b_idx=None, slot=None,
-                  select=None):
+                  select=None, layer_weights=None):
     """Runs all layers (loop or scan); threads the [L,...] caches if given.
 
     `select` ([B] chunk positions, with a cache, unscanned layers only): the
     last layer computes its output at those positions only (`_layer`).
+    `layer_weights`: None, or `decode_weights()["layers"]` (out-major MLP
+    weights, added to each layer's arrays).
     """
     cfg, ctx = self.config, self.sharding_ctx
 
@@ -364,7 +391,8 @@ class Qwen3(nnx.Module):
         p, layer = xs
         x, k_all, v_all = one(p, x, k_all, v_all, layer)
         return (x, k_all, v_all), None
-      xs = (self.layers.arrays(), jnp.arange(cfg.num_layers))
+      xs = ({**self.layers.arrays(), **(layer_weights or {})},
+            jnp.arange(cfg.num_layers))
       (x, k_all, v_all), _ = jax.lax.scan(body, (x, k_all, v_all), xs)
     else:       # per-layer caches (a tuple each): read and written in place
       ks, vs = [], []
@@ -373,8 +401,10 @@ class Qwen3(nnx.Module):
         k_i = v_i = None
         if k_all is not None:
           k_i, v_i = k_all[i], v_all[i]
-        x, k_i, v_i = one(layer.arrays(), x, k_i, v_i, None,
-                          select if i == last else None)
+        p = layer.arrays()
+        if layer_weights is not None:
+          p.update(layer_weights[i])
+        x, k_i, v_i = one(p, x, k_i, v_i, None, select if i == last else None)
         ks.append(k_i)
         vs.append(v_i)
       if k_all is not None:
@@ -416,38 +446,68 @@ class Qwen3(nnx.Module):
     return self.head(self.hidden(input_ids, attention_mask, positions,
                                  segment_ids))
 
-  def decode_head(self):
-    """The tied LM head as a [D, V + 16] matrix for a CPU decode loop, or None.
+  def decode_weights(self, max_copy_bytes: int = DECODE_COPY_MAX_BYTES):
+    """Out-major copies of the weights a CPU decode step multiplies, or None.
 
-    A decode step's LM head is a [B, D] x [D, V] product. With the embedding
-    [V, D] as its weight (`head`), XLA:CPU ran it at 88-94 GFLOP/s against
-    ~118 for the MLP's products. Transposed to [D, V], with a power-of-two V
-    (the demo's 4096: a row's columns 16 KiB apart), at 63-101 GFLOP/s,
-    erratic from run to run; padded with `DECODE_HEAD_PAD` zero columns, at
-    100-109: the head 12-16% faster (docs/sampler_speed.md).
-    `sampling.Sampler` builds it once per set of weights (a copy of the
-    embedding, kept while the weights are current) and its decode loop passes
-    it to `forward_chunk(head_weight=...)`.
-    None (use `head`) off the CPU, where this copy would buy nothing, for a
-    sharded model (the dry run's stand-in for accelerators; a padded vocab
-    would not split evenly), and for an untied head, whose weight is [D, V]
-    already.
-    """
-    if (not self.config.tie_embeddings or jax.default_backend() != "cpu"
-        or self.sharding_ctx is not None):
-      return None
-    w = self.embed_tokens[...].astype(jnp.dtype(self.config.dtype))
-    return jnp.pad(w.T, ((0, 0), (0, DECODE_HEAD_PAD)))
+    A decode step multiplies [B, In] activations (B = the batch, 32 in the
+    sampler bench) by each weight. XLA:CPU runs that product at ~105-112
+    GFLOP/s with the weight [In, Out] and at ~137-154 with it [Out, In] and
+    the product written [Out, B] ("OI,BI->OB"); written [B, Out] it is the
+    slowest form, ~90 (docs/sampler_speed.md). The tied LM head's weight, the
+    embedding [V, D], is out-major already; the MLP's are copied, transposed.
+    `sampling.Sampler` builds these once per set of weights (holding a second
+    copy of the MLP's weights while they are current) and its decode loop
+    passes them to `forward_chunk(decode_weights=...)`; the prefill, whose
+    products have thousands of rows, keeps the parameters' layout.
 
-  def head(self, h, head_weight=None):
-    """LM-head logits [...,V] float32 of final hidden states `h` [...,D].
+    Args:
+      max_copy_bytes: the most the copies may take. Above it (a CPU model of
+        more than ~0.6B parameters in fp32) the MLP keeps the parameters'
+        layout, and so does an untied head.
 
-    `head_weight`: None, or `decode_head()`'s [D, V + pad] matrix.
+    Returns:
+      None off the CPU, for a sharded model (the dry run's stand-in for
+      accelerators), and for an untied model whose copies exceed
+      `max_copy_bytes`; else {"head": None (tied: the embedding) or the untied
+      head as [V, D], "layers": None (over `max_copy_bytes`) or per layer
+      {"gate_t": [F, D], "up_t": [F, D], "down_t": [D, F]} (a tuple; stacked
+      [L, ...] arrays for scanned layers)}.
     """
     cfg = self.config
-    if head_weight is not None:
-      logits = _dense(h, head_weight.astype(h.dtype),
-                      out_dtype=jnp.float32)[..., :cfg.vocab_size]
+    if jax.default_backend() != "cpu" or self.sharding_ctx is not None:
+      return None
+    dt = jnp.dtype(cfg.dtype)
+    copy_bytes = dt.itemsize * (
+        3 * cfg.num_layers * cfg.hidden_size * cfg.intermediate_size
+        + (0 if cfg.tie_embeddings else cfg.vocab_size * cfg.hidden_size))
+    if copy_bytes > max_copy_bytes:
+      return {"head": None, "layers": None} if cfg.tie_embeddings else None
+
+    def out_major(p):
+      return {"gate_t": jnp.swapaxes(p["gate_proj"], -1, -2).astype(dt),
+              "up_t": jnp.swapaxes(p["up_proj"], -1, -2).astype(dt),
+              "down_t": jnp.swapaxes(p["down_proj"], -1, -2).astype(dt)}
+
+    if cfg.scan_layers:
+      layers = out_major(self.layers.arrays())
+    else:
+      layers = tuple(out_major(layer.arrays()) for layer in self.layers)
+    head = None if cfg.tie_embeddings else self.lm_head[...].T.astype(dt)
+    return {"head": head, "layers": layers}
+
+  def head(self, h, decode_weights=None):
+    """LM-head logits [...,V] float32 of final hidden states `h` [...,D].
+
+    `decode_weights`: None, or `decode_weights()` (the product written
+    [V, rows], then transposed).
+    """
+    cfg = self.config
+    if decode_weights is not None:
+      w = decode_weights["head"]
+      w = self.embed_tokens[...] if w is None else w
+      logits = _out_major(
+          jnp.einsum("VD,MD->VM", w.astype(h.dtype), h.reshape(-1, h.shape[-1]),
+                     preferred_element_type=jnp.float32), h.shape[:-1])
     elif cfg.tie_embeddings:
       logits = _dense(h, self.embed_tokens[...].astype(h.dtype),
                       w_out_first=True, out_dtype=jnp.float32)
@@ -546,7 +606,7 @@ class Qwen3(nnx.Module):
                                  "lengths": cache["lengths"]})
 
   def forward_chunk(self, input_ids, cache, num_new, logits_at=None,
-                    head_weight=None):
+                    decode_weights=None):
     """Appends a right-padded chunk to each row of the cache.
 
     Token i of row b is written to slot lengths[b]+i with position lengths[b]+i
@@ -560,8 +620,9 @@ class Qwen3(nnx.Module):
       logits_at: optional [B] int, one chunk position per row: only its logits
         are computed (a prefill needs the last token's; the LM head over every
         position would be a quarter of the prefill's work at vocab 4096).
-      head_weight: None, or `decode_head()` (the LM head's weight as a
-        [D, V + pad] matrix; the logits are the same up to float rounding).
+      decode_weights: None, or `decode_weights()` (out-major weights for a
+        decode step's LM head and MLP; the logits are the same up to float
+        rounding).
 
     Returns:
       (logits [B,T,V] float32 ([B,1,V] with `logits_at`), cache with
@@ -585,13 +646,14 @@ class Qwen3(nnx.Module):
     select = None if self.config.scan_layers or t == 1 else at
     x, k_all, v_all = self._run_layers(self._embed(input_ids), positions,
                                        (positions, bound), cache, b_idx, slot,
-                                       select)
+                                       select, None if decode_weights is None
+                                       else decode_weights["layers"])
     new_cache = self.constrain_cache(
         {"k": k_all, "v": v_all, "lengths": lengths + num_new})
     if at is not None and select is None:
       x = jnp.take_along_axis(x, at[:, None, None], axis=1)
     return self.head(rms_norm(x, self.norm[...], self.config.rms_norm_eps),
-                     head_weight), new_cache
+                     decode_weights), new_cache
 
 
 def token_logprobs(model: Qwen3, tokens, attention_mask=None):
