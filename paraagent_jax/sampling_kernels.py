@@ -138,9 +138,9 @@ def decode_fn(graphdef, params, cache, next_logits, key, loop, budget,
   are stop sequences right-aligned in a window of the last W generated
   tokens, with `stop_mask` marking their real positions (stop ids are
   sequences of length 1). `decode_weights`: None, or `decode_weights_fn`'s
-  out-major weights (the sampler builds them once per set of weights). The cache is
-  carried through the loop and updated in place; attention reads it block by
-  block (no copy of it or of a layer).
+  out-major weights (the sampler builds them once per set of weights). The
+  cache is carried through the loop and updated in place; attention reads it
+  block by block (no copy of it or of a layer).
 
   Returns:
     (cache, next-token logits, the loop state).
