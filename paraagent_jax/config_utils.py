@@ -395,7 +395,11 @@ def rl_defaults() -> ml_collections.ConfigDict:
   c.grpo = ml_collections.ConfigDict(dict(
       clip_eps_low=0.2, clip_eps_high=0.28, beta=0.0, entropy_coef=0.0,
       aggregation="token_mean", levels="traj,phase,step", normalize="mean_std",
-      drop_no_spread_groups=True, mask_truncated=False))
+      drop_no_spread_groups=True, mask_truncated=False,
+      # Truncated importance sampling on the sampler/trainer log-prob ratio
+      # (0 = off; a cap >= 1, e.g. 2.0; needs passes=1). Off: on the CPU in
+      # fp32 the two agree (train/logp_gap_max ~1e-6).
+      tis_cap=0.0))
   return c
 
 

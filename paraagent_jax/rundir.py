@@ -13,7 +13,8 @@ point agrees on where things are:
   ``PARAAGENT_NO_LOCK=1`` turns it off for file systems without exclusive
   create.
 * ``config.json`` (`write_config`, `load_run_config`): the run's config, which
-  `evaluate --checkpoint` and `export_hf --workdir` read the model from;
+  `evaluate --checkpoint` and `export_hf --workdir` read the model from,
+  and ``machine.json`` beside it (where the run ran: `provenance`);
 * the tokenizer (`tokenizer_dir`): ``rl.tokenizer``, ``data.tokenizer``, else
   the demonstrations' (``data.data_dir/tokenizer``) or ``init_from``'s;
 * the model (`model_config`, `check_init_from`, `load_model`): from an HF
@@ -39,6 +40,7 @@ import ml_collections
 from paraagent_jax import checkpoint as ckpt_lib
 from paraagent_jax import config_utils
 from paraagent_jax import fileio
+from paraagent_jax import provenance
 from paraagent_jax import sharding as shd
 from paraagent_jax.models import hf_io
 from paraagent_jax.models import qwen3
@@ -144,11 +146,14 @@ def held(workdir: str, enabled: bool = True):
 
 
 def write_config(config, workdir: str) -> None:
-  """Writes ``workdir/config.json`` (primary host only); creates workdir."""
+  """Writes ``workdir/config.json`` and ``workdir/machine.json`` (where it ran:
+  `provenance.machine`) on the primary host; creates workdir."""
   os.makedirs(workdir, exist_ok=True)
   if jax.process_index() == 0:
     fileio.write_json_atomic(os.path.join(workdir, CONFIG_FILE),
                              config_utils.to_dict(config))
+    fileio.write_json_atomic(os.path.join(workdir, provenance.MACHINE_FILE),
+                             provenance.machine())
 
 
 def load_run_config(workdir: str) -> ml_collections.ConfigDict:

@@ -15,7 +15,9 @@ never the reverse. Modules, from the top down (each imports only ones below):
 
     demo                        command-line demo
     benchmarks/                 BFCL and StableToolBench adapters, fixed-tool env
-    env | oracle                the vectorised env; scripted oracle episodes
+    env                         the vectorised env
+    diagnosis                   failure causes and behaviour counts of an episode
+    oracle                      scripted oracle episodes
     tasks/                      task generators (procedural, OpenAPI) and `Task`
     executor | search | rewards the simulator; BM25 tool search; reward signals
     validation                  argument checks, structured errors, call keys
@@ -26,7 +28,7 @@ never the reverse. Modules, from the top down (each imports only ones below):
 (``a | b``: neither imports the other.)
 """
 
-from toolenv import oracle, rewards
+from toolenv import diagnosis, oracle, rewards
 from toolenv.catalog import Catalog, load_catalog, register_builder
 from toolenv.env import ToolEnv, VectorToolEnv
 from toolenv.executor import Executor
@@ -38,4 +40,4 @@ from toolenv.tasks import KINDS, MULTI_TOOL_KINDS, Task, TaskGenerator
 __all__ = ["Catalog", "load_catalog", "register_builder", "Call", "Step",
            "StepResult", "Tool", "SearchIndex", "Executor", "ToolEnv",
            "VectorToolEnv", "RewardConfig", "Task", "TaskGenerator", "KINDS",
-           "MULTI_TOOL_KINDS", "oracle", "rewards"]
+           "MULTI_TOOL_KINDS", "diagnosis", "oracle", "rewards"]

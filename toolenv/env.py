@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from toolenv import diagnosis as diag_lib
 from toolenv import rewards as rw
 from toolenv.executor import Executor, state_key
 from toolenv.schema import META_TOOLS, SEARCH_TOOLS, Call, Step, StepResult
@@ -116,9 +117,14 @@ class ToolEnv:
       obs += "\n(turn budget spent: the episode is over)"
     return StepResult(obs, self.done, info)
 
-  def _record(self, phase, info, found, completed_now) -> None:
+  def _record(self, phase, info, found, completed_now, calls=()) -> None:
+    """One step of the log: its phase (None if malformed), reward, the needed
+    tools it first showed, the gold nodes it completed and, per call, the name,
+    status, error code, completed node and needed tools shown
+    (`toolenv.diagnosis` reads them)."""
     self.log.append({"phase": phase, "reward": info["step_reward"], "found": found,
-                     "completed": completed_now})
+                     "completed": completed_now, "malformed": phase is None,
+                     "calls": list(calls)})
 
   def _step(self, step: Any) -> tuple[str, dict[str, Any]]:
     c = self.config
@@ -144,50 +150,56 @@ class ToolEnv:
       info = {"step_reward": c.format, "phase": "answer", "statuses": [], "useful": 0}
       self._record("answer", info, set(), set())
       return "Answer received.", info
-    blocks, statuses, found, done_nodes = [], [], set(), set()
+    blocks, statuses, found, done_nodes, calls = [], [], set(), set(), []
     for i, call in enumerate(step.calls):
-      text, status, f, n = self._call(step.phase, i, call)
-      blocks.append(f"[{i + 1}] {_short(getattr(call, 'name', None))}: {text[:MAX_OBS_CHARS]}")
+      text, status, f, n, code = self._call(step.phase, i, call)
+      name = getattr(call, "name", None)
+      blocks.append(f"[{i + 1}] {_short(name)}: {text[:MAX_OBS_CHARS]}")
       statuses.append(status)
+      calls.append({"name": name[:80] if isinstance(name, str) else None, "status": status,
+                    "error": code, "node": next(iter(n), None), "found": sorted(f)})
       found |= f
       done_nodes |= n
     useful = len(found) + len(done_nodes)
     r = rw.step_reward(c, well_formed=True, statuses=statuses, useful=useful)
     info = {"step_reward": r, "phase": step.phase, "statuses": statuses, "useful": useful}
-    self._record(step.phase, info, found, done_nodes)
+    self._record(step.phase, info, found, done_nodes, calls)
     return "\n".join(blocks), info
 
   def _call(self, phase: str, i: int, call: Any):
-    """One call: (observation text, status, gold tools found, nodes completed)."""
+    """One call: (observation text, status, gold tools found, nodes completed,
+    error code or None)."""
     if i >= MAX_CALLS_PER_STEP:
-      return f"error: at most {MAX_CALLS_PER_STEP} calls per step", "error", set(), set()
+      return (f"error: at most {MAX_CALLS_PER_STEP} calls per step", "error", set(), set(),
+              "too_many_calls")
     if not isinstance(call, Call):
-      return "error: not a call", "error", set(), set()
+      return "error: not a call", "error", set(), set(), "not_a_call"
     name, args = call.name, call.arguments
     is_meta = isinstance(name, str) and name in META_TOOLS
     if self.enforce_phases and ((phase == "explore" and not is_meta) or (
         phase == "execute" and is_meta)):
       want = "meta-tools (search_tools, get_tool_doc)" if phase == "explore" else "catalog tools"
       return (_dump(error("phase_violation", f"a {phase} step may only call {want}", name)),
-              "violation", set(), set())
+              "violation", set(), set(), "phase_violation")
     key = (name + canonical_json(args)) if is_meta else None
     if self.fault_rate > 0 and digest(self.seed, self.task.id, self.turns, i, "fault") / 2.0**64 < self.fault_rate:
       kind = FAULTS[digest(self.task.id, self.turns, i) % len(FAULTS)]
-      return _dump(error(kind, "transient failure, retry the call", name)), "error", set(), set()
+      return (_dump(error(kind, "transient failure, retry the call", name)), "error", set(),
+              set(), kind)
     if is_meta:
-      text, ok, shown = self._meta(name, args)
-      if not ok:
-        return text, "error", set(), set()
+      text, code, shown = self._meta(name, args)
+      if code is not None:
+        return text, "error", set(), set(), code
       new = {t for t in shown if t in self._gold_tools and t not in self.known}
       self.known |= set(shown)
       dup = key in self.seen_calls
       self.seen_calls.add(key)
-      return text, "duplicate" if dup else "ok", new, set()
+      return text, "duplicate" if dup else "ok", new, set(), None
     # The executor returns the canonical call key with the response: the
     # defaults and canonical JSON are computed once per call, not twice.
     out, ck = self.executor.run_keyed(name, args, self.state)
     if is_error(out):
-      return _dump(out), "error", set(), set()
+      return _dump(out), "error", set(), set(), str(out.get("error"))
     if self.executor.catalog is not self.catalog:
       ck = canonical_call(self.catalog[name], args)
     dup = ck in self.seen_calls
@@ -198,29 +210,33 @@ class ToolEnv:
       self.completed.add(node)
       done = {node}
     self.known.add(name)
-    return _dump(out), "duplicate" if dup else "ok", set(), done
+    return _dump(out), "duplicate" if dup else "ok", set(), done, None
 
-  def _meta(self, name: str, args: Any) -> tuple[str, bool, list[str]]:
+  def _meta(self, name: str, args: Any) -> tuple[str, str | None, list[str]]:
+    """(observation, error code or None, tool names shown)."""
     if not isinstance(args, dict):
-      return _dump(error("bad_arguments", "arguments must be a JSON object", name)), False, []
+      return (_dump(error("bad_arguments", "arguments must be a JSON object", name)),
+              "bad_arguments", [])
     if name == SEARCH_TOOLS:
       q, k = args.get("query"), args.get("top_k", self.top_k)
       extra = set(args) - {"query", "top_k"}
       if not isinstance(q, str) or not q.strip() or extra:
         return _dump(error("bad_arguments", "search_tools takes {\"query\": str, "
-                           "\"top_k\": int (optional)}", name)), False, []
+                           "\"top_k\": int (optional)}", name)), "bad_arguments", []
       hits = self.index.search(q, k)
       if self.obs_format == "compact":
         text = "\n".join(compact_result_line(self.catalog[n]) for n, _ in hits)
-        return text or "no tools found", True, [h for h, _ in hits]
-      return self.index.search_text(q, k), True, [h for h, _ in hits]
+        return text or "no tools found", None, [h for h, _ in hits]
+      return self.index.search_text(q, k), None, [h for h, _ in hits]
     tname = args.get("name")
     if set(args) != {"name"} or not isinstance(tname, str):
-      return _dump(error("bad_arguments", "get_tool_doc takes {\"name\": str}", name)), False, []
+      return (_dump(error("bad_arguments", "get_tool_doc takes {\"name\": str}", name)),
+              "bad_arguments", [])
     doc = get_tool_doc(self.catalog, tname)
     if doc is None:
-      return _dump(error("unknown_tool", f"no tool named {tname[:60]!r}", tname)), False, []
-    return _dump(doc), True, [tname]
+      return (_dump(error("unknown_tool", f"no tool named {tname[:60]!r}", tname)),
+              "unknown_tool", [])
+    return _dump(doc), None, [tname]
 
   def finish(self) -> None:
     """Ends the episode from outside (the rollout ran out of tokens)."""
@@ -280,6 +296,30 @@ class ToolEnv:
             "completed": len(self.completed), "nodes": len(task.nodes)}
 
 
+  def diagnosis(self, strategy: str | None = "paraact") -> dict[str, Any]:
+    """Why the episode failed and how it acted (`toolenv.diagnosis`).
+
+    Returns ``cause`` (None on success) and ``cause_detail``, the behaviour
+    counts of `diagnosis.BEHAVIOUR_FIELDS`, and (``strategy`` not None) the
+    same counts of the oracle's plan of this task under that strategy,
+    prefixed ``oracle_``, played in a fresh env on the same index.
+    """
+    task = self.task
+    if task is None:
+      raise ValueError("no episode: call reset(task) first")
+    cause, detail = diag_lib.failure_cause(task.nodes, self.log, success=self.success,
+                                           answered=self.answer is not None)
+    out: dict[str, Any] = {"cause": cause, "cause_detail": detail,
+                           **diag_lib.behaviour(self.log)}
+    if strategy is not None:
+      shadow = ToolEnv(self.catalog, seed=self.seed, index=self.index, executor=self.executor,
+                       reward_config=self.config, enforce_phases=self.enforce_phases,
+                       top_k=self.top_k, obs_format=self.obs_format)
+      out.update({f"oracle_{k}": v for k, v in
+                  diag_lib.oracle_behaviour(shadow, task, strategy).items()})
+    return out
+
+
 class VectorToolEnv:
   """A batch of `ToolEnv` episodes stepped together (one shared index)."""
 
@@ -326,3 +366,7 @@ class VectorToolEnv:
   def rewards(self, i: int) -> dict[str, Any]:
     """Reward parts of episode ``i``."""
     return self.envs[i].rewards()
+
+  def diagnosis(self, i: int, strategy: str | None = "paraact") -> dict[str, Any]:
+    """`ToolEnv.diagnosis` of episode ``i``."""
+    return self.envs[i].diagnosis(strategy)

@@ -19,6 +19,15 @@ from paraagent_jax import fileio
 from paraagent_jax.paraact import rollout
 
 
+# The failure cause and behaviour counts of `toolenv.diagnosis` a per-task
+# record keeps (`evaluation.causes` tabulates them).
+DIAGNOSIS_KEYS = frozenset(
+    ["cause", "cause_detail"]
+    + [k for k in toolenv.diagnosis.BEHAVIOUR_FIELDS
+       if k not in ("turns", "calls_per_execute_step", "phase_switches")]
+    + [f"oracle_{k}" for k in toolenv.diagnosis.BEHAVIOUR_FIELDS])
+
+
 def rollout_config(rl) -> rollout.RolloutConfig:
   """The rollout limits of ``config.rl`` (turns, tokens per turn, length)."""
   return rollout.RolloutConfig(max_turns=rl.max_turns, max_turn_tokens=rl.max_turn_tokens,
@@ -47,6 +56,10 @@ def greedy_eval(policy, fmt, catalog, tasks, rcfg, strategy: str = "paraact",
     per_task.extend({"task_id": t.id, "kind": t.kind, "success": bool(e["success"]),
                      "turns": int(e["turns"]),
                      "calls_per_step": [int(n) for n in e.get("calls_per_step", [])],
+                     "calls_per_execute_step": e.get("calls_per_execute_step", 0.0),
+                     "phase_switches": e.get("phase_switches", 0),
+                     "parse_errors": e.get("parse_errors", 0),
+                     **{k: v for k, v in e.items() if k in DIAGNOSIS_KEYS},
                      "transcript": e.get("transcript", [])}
                     for t, e in zip(tasks, res.episodes))
   return summarize(tasks, res.episodes)

@@ -31,6 +31,8 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from paraagent_jax import fileio
+from paraagent_jax import provenance
+from paraagent_jax.evaluation import causes as causes_lib
 from toolenv.benchmarks import stabletoolbench
 
 # The kinds whose gold DAG has several independent calls: where parallel acting pays.
@@ -154,9 +156,13 @@ def build_report(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "average_ci95": list(average_interval(per_kind)),
         "multi_tool": summarise(multi) if multi else None,
         "per_kind": per_kind,
+        # Failure causes and behaviour next to the oracle's plan (ToolEnv
+        # records; None for benchmarks without a diagnosis).
+        "analysis": causes_lib.summary(recs),
     })
   report["notes"] = notes_for(r["benchmark"] for r in report["runs"])
   report["transcripts"] = example_transcripts(records)
+  report["machine"] = provenance.machine()
   return report
 
 
@@ -294,13 +300,17 @@ def markdown_table(report: dict[str, Any], transcripts: bool = True) -> str:
   per-kind average with its CI, success per kind, multi-tool kinds pooled,
   the behaviour means and the three reward levels); then a per-kind table
   for all runs (n and success with Wilson CI), one of mean turns and calls
-  per execute step per kind; then the comparability notes
+  per execute step per kind; per run with ToolEnv's diagnosis, the failed
+  episodes by cause and kind and the behaviour next to the oracle's plan
+  (`evaluation.causes`); then the comparability notes
   of the benchmarks present; then (``transcripts``) one solved and one failed
   transcript per kind.
   """
   runs = report["runs"]
   by_bench = group_records(runs, ("benchmark",))
   lines: list[str] = []
+  if report.get("machine"):
+    lines += [f"Ran on: {provenance.one_line(report['machine'])}", ""]
   for i, (_, group) in enumerate(by_bench.items()):
     if i:
       lines.append("")
@@ -313,6 +323,16 @@ def markdown_table(report: dict[str, Any], transcripts: bool = True) -> str:
       if i:
         lines.append("")
       lines += table(group)
+  for run in runs:
+    analysis = run.get("analysis")
+    if not analysis:
+      continue
+    lines += ["", f"Failed episodes by cause: {run['benchmark']} / {run['policy']} / "
+              f"{run['strategy']} (one cause each, `toolenv.diagnosis`; kind (n tasks))", ""]
+    lines += causes_lib.cause_table(analysis)
+    lines += ["", f"Behaviour next to the oracle's plan of the same tasks: "
+              f"{run['benchmark']} / {run['policy']} / {run['strategy']}", ""]
+    lines += causes_lib.behaviour_table(analysis)
   notes = report.get("notes") or notes_for(r["benchmark"] for r in runs)
   if notes:
     lines += ["", "Notes:", ""] + [f"* {v}" for v in notes.values()]

@@ -9,7 +9,17 @@ Per policy token (``valid = loss_mask > 0`` and position < ``seq_len``):
 * optional KL to a frozen reference, k3 estimator
   ``exp(ref - logp) - (ref - logp) - 1``, times ``beta``; with ``beta == 0``
   the reference is never looked at (no reference forward pass at all);
-* optional entropy bonus ``- entropy_coef * H(p(. | tokens[<t]))``.
+* optional entropy bonus ``- entropy_coef * H(p(. | tokens[<t]))``;
+* optional truncated importance sampling (``tis_cap > 0``, one pass per
+  batch): the sampler's log-probs ``old_logp`` may differ from the trainer's
+  for the same parameters (bf16 sampling, other kernels); then the ratio is
+  taken against the trainer's own log-probs ``sg(logp)`` and each token's
+  term is weighted by ``min(exp(sg(logp) - old_logp), tis_cap)``.
+
+Metrics also report the sampler/trainer gap ``|logp - old_logp|`` on the
+policy tokens (``logp_gap_mean``, ``logp_gap_max``): at the first pass over
+a batch the parameters are the sampler's, so it measures only the numerical
+mismatch (~0 on the CPU in fp32; tests/test_grpo.py).
 
 Aggregation (weights are computed on the whole batch before micro-batching,
 so accumulation is exact):
@@ -67,6 +77,9 @@ class GRPOConfig:
       when ``old_logprobs`` are the sampler's plain ``logprobs``
       (`paraagent_jax.sampling` reports those at temperature 1); set it to
       the sampling temperature only if the batch carries tempered log-probs.
+    tis_cap: truncated importance sampling on the sampler/trainer ratio (0 =
+      off). Valid for one optimisation pass per batch only (the trainer's
+      log-probs at the sampler's parameters are those of the first pass).
   """
 
   clip_eps_low: float = 0.2
@@ -83,6 +96,7 @@ class GRPOConfig:
   mask_truncated: bool = False
   num_micro_batches: int = 1
   temperature: float = 1.0
+  tis_cap: float = 0.0
 
   def __post_init__(self):
     if self.aggregation not in AGGREGATIONS:
@@ -92,6 +106,8 @@ class GRPOConfig:
       raise ValueError("clip ranges must be >= 0")
     if self.temperature <= 0:
       raise ValueError("temperature must be > 0")
+    if self.tis_cap < 0 or (0 < self.tis_cap < 1):
+      raise ValueError(f"tis_cap={self.tis_cap}: 0 (off) or a cap >= 1")
     object.__setattr__(self, "levels", tuple(self.levels))
     object.__setattr__(self, "level_weights",
                        tuple(tuple(float(w) for w in r)
@@ -215,11 +231,22 @@ def token_loss_terms(logp, inputs, config: GRPOConfig, ref_logp=None,
   # Off-mask log-probs can be anything (e.g. -inf for padding); zero them
   # before exp so neither the value nor the gradient picks up NaN/Inf.
   log_ratio = jnp.where(valid > 0, logp - inputs["old_logprobs"], 0.0)
-  ratio = jnp.exp(log_ratio)
+  gap = jax.lax.stop_gradient(jnp.abs(log_ratio))
+  if config.tis_cap > 0:
+    # The trainer's log-probs at the sampler's parameters (this pass's own,
+    # without gradient): the ratio's denominator; the sampler's enter only
+    # through the capped importance weight.
+    is_weight = jnp.minimum(jnp.exp(jax.lax.stop_gradient(log_ratio)), config.tis_cap)
+    ratio_log = jnp.where(valid > 0, logp - jax.lax.stop_gradient(logp), 0.0)
+  else:
+    is_weight, ratio_log = None, log_ratio
+  ratio = jnp.exp(ratio_log)
   clipped = jnp.clip(ratio, 1.0 - config.clip_eps_low,
                      1.0 + config.clip_eps_high)
   pg1, pg2 = -adv * ratio, -adv * clipped
   loss = jnp.maximum(pg1, pg2)
+  if is_weight is not None:
+    loss = loss * is_weight
   sums = {
       "clip_count": jnp.sum((pg2 > pg1) * valid),
       "valid_count": jnp.sum(valid),
@@ -227,7 +254,15 @@ def token_loss_terms(logp, inputs, config: GRPOConfig, ref_logp=None,
       # k3 estimate of KL(old || new): how far the update moved.
       # expm1(x) - x, not exp(x) - 1 - x: no cancellation for small x.
       "kl_old_sum": jnp.sum((jnp.expm1(-log_ratio) + log_ratio) * valid),
+      # |log p_trainer - log p_sampler| on policy tokens (at the first pass:
+      # the numerical mismatch only).
+      "logp_gap_sum": jnp.sum(gap * valid),
+      "max_logp_gap": jnp.max(gap * valid),
   }
+  if is_weight is not None:
+    sums["tis_weight_sum"] = jnp.sum(is_weight * valid)
+    sums["tis_capped_count"] = jnp.sum((jnp.exp(jax.lax.stop_gradient(log_ratio))
+                                        > config.tis_cap) * valid)
   if config.beta > 0:
     d = jnp.where(valid > 0, ref_logp - logp, 0.0)
     kl = jnp.expm1(d) - d
@@ -274,6 +309,11 @@ def finalize(sums, metrics):
   out["clip_frac"] = sums["clip_count"] / n
   out["pg_loss"] = sums["pg_loss"]
   out["kl_old"] = sums["kl_old_sum"] / n
+  out["logp_gap_mean"] = sums["logp_gap_sum"] / n
+  out["logp_gap_max"] = sums["max_logp_gap"]
+  if "tis_weight_sum" in sums:
+    out["tis_weight_mean"] = sums["tis_weight_sum"] / n
+    out["tis_capped_frac"] = sums["tis_capped_count"] / n
   if "kl_sum" in sums:
     out["kl"] = sums["kl_sum"] / n
   if "entropy_sum" in sums:

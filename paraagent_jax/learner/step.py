@@ -11,7 +11,8 @@ loss. A loss is given as a `LossFns` triple:
   gradient. ``inputs`` is a pytree of [B, ...] arrays.
 * ``micro_loss(model, inputs_mb, ref_model) -> (loss, sums)``: the loss of
   one micro-batch, already weighted so that the sum over micro-batches is the
-  full-batch loss; ``sums`` are additive metric numerators.
+  full-batch loss; ``sums`` are additive metric numerators (those named
+  ``max_*`` are maxima: `accumulate`).
 * ``finalize(sums, metrics) -> metrics``: turns the summed numerators into
   metrics.
 
@@ -92,6 +93,19 @@ class LossFns(NamedTuple):
   finalize: Callable[[dict, dict], dict]
 
 
+def accumulate(acc, out):
+  """Adds one micro-batch's ``((loss, sums), grads)`` to the running total.
+
+  Sums are additive numerators, except those named ``max_*``, which keep the
+  maximum (e.g. the largest sampler/trainer log-prob gap of the batch).
+  """
+  (loss_a, sums_a), grads_a = acc
+  (loss_b, sums_b), grads_b = out
+  sums = {k: (jnp.maximum(v, sums_b[k]) if k.startswith("max_") else v + sums_b[k])
+          for k, v in sums_a.items()}
+  return (loss_a + loss_b, sums), jax.tree.map(jnp.add, grads_a, grads_b)
+
+
 def apply_gradients(optimizer: optax.GradientTransformation, loss_fns: LossFns, state,
                     opt_state, grads, loss, sums, metrics):
   """The optimizer update from summed micro-batch gradients, and the step's
@@ -153,8 +167,7 @@ def build_train_step(model_graphdef, optimizer: optax.GradientTransformation,
                           jax.eval_shape(grad_fn, params, first))
 
       def body(acc, mb):
-        out = grad_fn(params, mb)
-        return jax.tree.map(jnp.add, acc, out), None
+        return accumulate(acc, grad_fn(params, mb)), None
 
       ((loss, sums), grads), _ = jax.lax.scan(body, zero, micro)
     return apply_gradients(optimizer, loss_fns, state, opt_state, grads, loss, sums, metrics)
@@ -228,7 +241,7 @@ def build_sorted_train_step(model_graphdef, optimizer: optax.GradientTransformat
   grad_fn = jax.value_and_grad(loss_of, has_aux=True)
 
   def micro_grad(params, rest, mb, ref_state, acc):
-    return jax.tree.map(jnp.add, acc, grad_fn(params, rest, mb, ref_state))
+    return accumulate(acc, grad_fn(params, rest, mb, ref_state))
 
   def update(state, opt_state, grads, loss, sums, metrics):
     return apply_gradients(optimizer, loss_fns, state, opt_state, grads, loss, sums, metrics)

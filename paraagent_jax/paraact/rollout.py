@@ -75,8 +75,14 @@ TRANSCRIPT_OBS_CHARS = 3000
 
 def _episode_record(task, buf: ep.EpisodeBuffer, steps: list[toolenv.Step],
                     rewards: dict[str, Any], wall: float,
-                    transcript: list[dict[str, str]] | None = None) -> dict[str, Any]:
-  """Behavioural statistics of one episode (the evaluation report's fields)."""
+                    transcript: list[dict[str, str]] | None = None,
+                    diagnosis: dict[str, Any] | None = None) -> dict[str, Any]:
+  """Behavioural statistics of one episode (the evaluation report's fields).
+
+  ``diagnosis``: the environment's `ToolEnv.diagnosis` (failure cause,
+  searches, redundant searches, the oracle plan's counts), merged in where the
+  environment gives one (ToolEnv does; the fixed-task benchmarks do not).
+  """
   exec_calls = [len(s.calls) for s in steps
                 if s.phase == "execute" and isinstance(s.calls, list) and s.parse_error is None]
   n_calls = sum(len(s.calls) for s in steps if isinstance(s.calls, list))
@@ -119,7 +125,17 @@ def _episode_record(task, buf: ep.EpisodeBuffer, steps: list[toolenv.Step],
       # What the policy read and wrote, turn by turn: {"role": "task" |
       # "assistant" | "observation", "text": ...}.
       "transcript": list(transcript or []),
+      **_diagnosis_fields(diagnosis),
   }
+
+
+def _diagnosis_fields(diagnosis: dict[str, Any] | None) -> dict[str, Any]:
+  """The diagnosis keys a record takes (the record's own turns and calls per
+  execute step, counted on the parsed steps, are kept)."""
+  if not diagnosis:
+    return {}
+  return {k: v for k, v in diagnosis.items()
+          if k not in ("turns", "calls_per_execute_step", "phase_switches")}
 
 
 def run_rollout(policy: pol.Policy, env, tasks: Sequence[Any], fmt,
@@ -234,8 +250,12 @@ def run_rollout(policy: pol.Policy, env, tasks: Sequence[Any], fmt,
       buffers, rewards, group_ids, max_len=config.max_len,
       max_steps=config.max_turns, max_phases=config.max_phases or config.max_turns,
       pad_id=fmt.pad_id)
-  records = [_episode_record(tasks[i], buffers[i], steps[i], rewards[i], ep_wall[i],
-                             transcripts[i]) for i in range(b)]
+  strategy = getattr(getattr(fmt, "strategy", None), "name", None)
+  diagnose = getattr(env, "diagnosis", None)
+  records = [_episode_record(
+      tasks[i], buffers[i], steps[i], rewards[i], ep_wall[i], transcripts[i],
+      diagnose(i, strategy if strategy in toolenv.oracle.STRATEGIES else None)
+      if diagnose is not None else None) for i in range(b)]
   timing["total_s"] = time.perf_counter() - t_start
   stats = policy.stats()
   policy.release()        # the KV cache is not needed by the update

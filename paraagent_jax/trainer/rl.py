@@ -55,6 +55,7 @@ from paraagent_jax import config_utils
 from paraagent_jax import fileio
 from paraagent_jax import interrupts
 from paraagent_jax import metrics as metrics_lib
+from paraagent_jax import provenance
 from paraagent_jax import rundir
 from paraagent_jax import tokenizer as tok_lib
 from paraagent_jax.data import rows as data_rows
@@ -107,7 +108,7 @@ def run_meta(config, levels: Sequence[str]) -> dict[str, Any]:
           "tasks_per_iter": int(rl.tasks_per_iter), "passes": int(rl.passes),
           "task_sampling": rl_tasks.task_sampling(rl),
           "temperature": float(rl.temperature), "seed": int(config.seed),
-          "init_from": config.init_from}
+          "init_from": config.init_from, "machine": provenance.machine()}
 
 
 def resume_history(config, levels, data_state, workdir: str,
@@ -151,6 +152,27 @@ def traj_spread_fraction(traj_reward, group_size: int) -> float:
   """
   r = np.asarray(traj_reward, np.float64).reshape(-1, group_size)
   return float(np.mean(r.max(axis=1) - r.min(axis=1) > 1e-9))
+
+
+def behaviour_metrics(episodes: Sequence[dict]) -> dict[str, float]:
+  """Parse failures and failure causes of an iteration's sampled episodes.
+
+  ``rollout/parse_failures``: malformed steps (unparseable text, no phase,
+  broken JSON), of ``rollout/steps``; ``rollout/parse_failure_episodes``: the
+  share of episodes with one; ``rollout/cause/<cause>``: the share of
+  episodes that failed for that cause (`toolenv.diagnosis`).
+  """
+  n = max(1, len(episodes))
+  out = {"rollout/parse_failures": float(sum(e.get("parse_errors", 0) for e in episodes)),
+         "rollout/steps": float(sum(e.get("turns", 0) for e in episodes)),
+         "rollout/parse_failure_episodes": sum(1 for e in episodes
+                                               if e.get("parse_errors", 0)) / n,
+         "rollout/unknown_tool_calls": float(sum(e.get("unknown_tool_calls", 0)
+                                                 for e in episodes))}
+  if any("cause" in e for e in episodes):
+    for cause in toolenv.diagnosis.CAUSES:
+      out[f"rollout/cause/{cause}"] = sum(1 for e in episodes if e.get("cause") == cause) / n
+  return out
 
 
 def no_update_note(m: dict) -> str:
@@ -215,6 +237,10 @@ def run_rl(config: ml_collections.ConfigDict, workdir: str) -> dict:
     grpo_cfg = config_utils.config_from_mapping(grpo.GRPOConfig, gcfg)
   except (ValueError, TypeError) as e:
     raise config_utils.ConfigError(f"rl.grpo: {e}") from None
+  if grpo_cfg.tis_cap > 0 and int(rl.passes) != 1:
+    raise config_utils.ConfigError(
+        f"rl.grpo.tis_cap={grpo_cfg.tis_cap} needs rl.passes=1 (got {rl.passes}): the "
+        "trainer's log-probs at the sampler's parameters are the first pass's")
   t = state_lib.build_train_state(config, mesh, optimizer, model_cfg, workdir)
   step_fn = grpo.make_train_step(t.graphdef, optimizer, grpo_cfg, mesh,
                                  lengths=buckets)
@@ -307,12 +333,20 @@ def run_rl(config: ml_collections.ConfigDict, workdir: str) -> dict:
           "time/rollout_s": t_roll, "time/iteration_s": time.perf_counter() - t0})
       m.update(rl_tasks.kind_rollout_metrics(group_tasks, res.episodes))
       m["rollout/traj_spread_groups"] = traj_spread_fraction(arr["traj_reward"], g)
+      m.update(behaviour_metrics(res.episodes))
+      # The sampler/trainer log-prob gap at the first pass (same parameters).
+      first = metrics_lib.to_floats(outs[0]) if outs else {}
+      for k in ("logp_gap_mean", "logp_gap_max"):
+        if k in first:
+          m[f"rollout/{k}"] = first[k]
       log(it, m)
       n_groups = len(arr["traj_reward"]) // g
       print(f"rl: it {it}/{rl.iterations} success {m['rollout/success']:.2f} "
             f"spread {round(m['rollout/traj_spread_groups'] * n_groups)}/{n_groups} "
             f"R {m['rollout/traj_reward']:.3f} phase {m['rollout/phase_reward']:.3f} "
             f"step {m['rollout/step_reward']:.3f} loss {m.get('loss', float('nan')):.4f} "
+            f"parse {int(m['rollout/parse_failures'])}/{int(m['rollout/steps'])} "
+            f"gap {m.get('rollout/logp_gap_max', float('nan')):.1e} "
             f"({m['time/iteration_s']:.1f}s)" + no_update_note(m), flush=True)
       final = it == rl.iterations
       if (rl.eval_every and it % rl.eval_every == 0) or final:

@@ -1,7 +1,8 @@
 """What the RL stage leaves for a reader: the report, the curve, the paired test.
 
 * ``rl_report.md``: held-out greedy success before and after RL per kind, the
-  paired comparison, turns and calls per execute step next to the oracle's,
+  paired comparison, the failed episodes by cause before and after
+  (`evaluation.causes`), behaviour next to the oracle's plan,
   one solved and one failed transcript per kind (`write_report`);
 * ``rl_curve.jsonl`` / ``rl_curve.png``: rollout success and each level's
   mean reward per iteration, held-out success where evaluated (`save_curve`);
@@ -22,6 +23,8 @@ from matplotlib.ticker import MaxNLocator
 
 from paraagent_jax import fileio
 from paraagent_jax import metrics as metrics_lib
+from paraagent_jax import provenance
+from paraagent_jax.evaluation import causes as causes_lib
 from paraagent_jax.evaluation import paired as paired_lib
 from paraagent_jax.evaluation import report as report_lib
 
@@ -63,13 +66,29 @@ def write_report(workdir: str, history: Sequence[dict], after: dict,
   lines = [f"# RL report ({', '.join(meta.get('levels', []))} advantages)", "",
            f"Started from `{meta.get('init_from') or 'scratch'}`; greedy ParaAct on the "
            "same held-out test tasks before and after RL.", "",
+           f"Ran on: {provenance.one_line(meta.get('machine'))} (`{RUN_META_FILE}`); "
+           "another CPU's float rounding can change greedy decisions.", "",
            "| metric | before RL | after RL |", "|---|---|---|"]
   for k in ["success"] + keys + ["turns", "calls_per_execute_step"]:
     b = before.get(k)
     lines.append(f"| {k} | {'-' if b is None else f'{b:.3f}'} | {after.get(k, float('nan')):.3f} |")
   if paired:
     lines += ["", "Paired: " + paired_lib.format_paired(paired, ("before", "after")) + "."]
-  if behaviour:
+  before_recs = _read_records(os.path.join(workdir, EVAL_BEFORE_FILE))
+  after_recs = _read_records(os.path.join(workdir, EVAL_AFTER_FILE))
+  compare = causes_lib.compare_table(before_recs, after_recs, ("before RL", "after RL"))
+  if compare:
+    lines += ["", "Why the held-out episodes fail (one cause per failed episode, "
+              "`toolenv.diagnosis`), so a change in success is attributed to behaviour. "
+              + compare[0], "", *compare[2:]]
+  oracle_side = causes_lib.behaviour_table(after_recs)
+  if oracle_side:
+    lines += ["", "After RL, behaviour per kind next to the oracle's plan of the same "
+              "tasks (policy / oracle):", "", *oracle_side]
+    before_side = causes_lib.behaviour_table(before_recs)
+    if before_side:
+      lines += ["", "Before RL, the same:", "", *before_side]
+  elif behaviour:
     lines += ["", "After RL, per kind, next to the oracle's plan of the same tasks:", "",
               *behaviour]
   lines += ["", "Learning curve: `rl_curve.png`, `rl_curve.jsonl` (per iteration: rollout "
@@ -88,6 +107,13 @@ def write_report(workdir: str, history: Sequence[dict], after: dict,
         lines += ["```", report_lib.format_transcript(ex, max_chars=600), "```", ""]
   path = os.path.join(workdir, "rl_report.md")
   return fileio.write_text_atomic(path, "\n".join(lines))
+
+
+def _read_records(path: str) -> list[dict]:
+  if not os.path.exists(path):
+    return []
+  with open(path, encoding="utf-8") as f:
+    return [json.loads(line) for line in f if line.strip()]
 
 
 def paired_before_after(workdir: str) -> dict | None:
