@@ -141,3 +141,94 @@ def test_terminal_table_is_narrow_and_aligned():
   # Columns line up: each header ends where its values end (right-aligned).
   end = lines[0].index("success % (95% CI)") + len("success % (95% CI)")
   assert para[:end].endswith(")") and para[end:end + 1] in (" ", "")
+
+
+# ---- failure causes and behaviour next to the oracle (evaluation.causes) ----
+
+def _diag_rec(kind, success, cause=None, **kw):
+  r = {"kind": kind, "task_id": f"{kind}-{kw.pop('i', 0)}", "success": success,
+       "cause": cause, "cause_detail": f"why {cause}" if cause else "",
+       "turns": 3, "calls_per_execute_step": 2.0, "phase_switches": 1, "searches": 2,
+       "redundant_searches": 1, "oracle_turns": 3, "oracle_calls_per_execute_step": 3.0,
+       "oracle_phase_switches": 1, "oracle_searches": 3, "oracle_redundant_searches": 0}
+  r.update(kw)
+  return r
+
+
+def test_cause_table_counts_by_hand():
+  from paraagent_jax.evaluation import causes
+  recs = [_diag_rec("single", True), _diag_rec("single", False, "wrong_answer", i=1),
+          _diag_rec("parallel", False, "unknown_tool", i=0),
+          _diag_rec("parallel", False, "unknown_tool", i=1),
+          _diag_rec("parallel", False, "tool_not_found", i=2),
+          {"kind": "parallel", "task_id": "x", "success": False}]   # no diagnosis: left out
+  counts = causes.cause_counts(causes.diagnosed(recs))
+  assert counts["parallel"]["unknown_tool"] == 2 and counts["parallel"]["tool_not_found"] == 1
+  assert counts["multi_tool"]["unknown_tool"] == 2 and counts["all"]["wrong_answer"] == 1
+  lines = causes.cause_table(recs)
+  assert lines[0].startswith("| cause | single (2) | parallel (3) |")
+  row = next(l for l in lines if "`unknown_tool`" in l)
+  assert row.split(" | ")[1:5] == ["0", "2", "2", "2"]
+  assert "parallel parallel-0: why unknown_tool" in row        # the first example
+  assert lines[-1] == "| **failed** | 1 | 3 | 3 | 4 | |"
+  beh = causes.behaviour_table(recs)
+  assert beh[2].startswith("| single | 3.00 / 3.00 | 2.00 / 3.00 | 1.00 / 1.00 | 2.00 / 3.00 "
+                           "| 1.00 / 0.00 |")
+  before = recs[:5]
+  after = [_diag_rec("single", True), _diag_rec("single", True, i=1),
+           _diag_rec("parallel", True), _diag_rec("parallel", False, "unknown_tool", i=1),
+           _diag_rec("parallel", False, "answered_early", i=2)]
+  cmp = causes.compare_table(before, after)
+  row = next(l for l in cmp if l.startswith("| called a tool"))
+  # single, parallel, multi-tool, all
+  assert row.split(" | ")[1:] == ["0 -> 0", "2 -> 1", "2 -> 1", "2 -> 1 |"]
+  assert cmp[-1].endswith("| 1 -> 0 | 3 -> 2 | 3 -> 2 | 4 -> 2 |")
+
+
+def test_report_has_the_cause_and_oracle_tables(tmp_path):
+  recs = [dict(_diag_rec("parallel", False, "unknown_tool"), benchmark="toolenv",
+               strategy="paraact", policy="p"),
+          dict(_diag_rec("single", True), benchmark="toolenv", strategy="paraact",
+               policy="p")]
+  report = rep.build_report(recs)
+  a = report["runs"][0]["analysis"]
+  assert a["counts"]["parallel"]["unknown_tool"] == 1 and a["failed"] == {"single": 0,
+                                                                           "parallel": 1}
+  md = rep.markdown_table(report)
+  assert "Failed episodes by cause: toolenv / p / paraact" in md
+  assert "Behaviour next to the oracle's plan" in md and "Ran on: " in md
+
+
+def test_replayed_diagnosis_equals_the_live_one():
+  import toolenv
+  from toolenv.catalog import procedural
+  from toolenv.schema import Call, Step
+  from paraagent_jax.evaluation import causes
+  from paraagent_jax.paraact import strategies
+  strat = strategies.get_strategy("paraact")
+  cat = procedural.build_catalog(seed=0, size=3000)
+  tasks = toolenv.TaskGenerator(cat, seed=0).generate(5, split="test")
+  recs, live = [], []
+  for j, task in enumerate(tasks):
+    steps = toolenv.oracle.solve(task, "paraact")
+    if j % 2:   # a misspelt tool and an invented answer
+      n = task.nodes[0]
+      steps = steps[:-2] + [Step("execute", [Call(n["tool"] + "x", dict(n["arguments"]))]),
+                            Step("answer", answer="invented")]
+    env = toolenv.ToolEnv(cat)
+    env.reset(task)
+    text = [strat.render_step(s) for s in steps]
+    for t in text:
+      env.step(strat.parse_step(t))
+    live.append(env.diagnosis("paraact"))
+    recs.append({"task_id": task.id, "kind": task.kind, "success": env.success,
+                 "transcript": [{"role": "task", "text": "..."}]
+                 + [{"role": "assistant", "text": t} for t in text]})
+  out = causes.replay_diagnosis(recs, cat, tasks, strat.parse_step)
+  for got, want in zip(out, live):
+    for k in ("cause", "cause_detail", "searches", "redundant_searches", "oracle_turns"):
+      assert got[k] == want[k], k
+  assert [r["cause"] is None for r in out] == [True, False, True, False, True]
+  recs[0]["success"] = False
+  with pytest.raises(ValueError, match="replayed success"):
+    causes.replay_diagnosis(recs[:1], cat, tasks, strat.parse_step)

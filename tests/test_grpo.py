@@ -170,6 +170,67 @@ def test_traj_only_loss_equals_numpy_plain_grpo(aggregation, beta):
   assert 0.0 < want_clip < 1.0  # both branches of the clip are exercised
 
 
+def _np_valid(batch):
+  t = batch.tokens.shape[1]
+  return ((np.asarray(batch.loss_mask) > 0)
+          & (np.arange(t)[None] < np.asarray(batch.seq_len)[:, None]))
+
+
+def test_sampler_trainer_gap_metrics_equal_numpy():
+  model, batch, logp = fixed_logits_case(2)
+  _, m = jax.jit(lambda m, b: grpo.grpo_loss(m, b, grpo.GRPOConfig()))(model, batch)
+  valid = _np_valid(batch)
+  gap = np.abs(logp - np.asarray(batch.old_logprobs, np.float64))[valid]
+  np.testing.assert_allclose(float(m["logp_gap_mean"]), gap.mean(), rtol=1e-5)
+  np.testing.assert_allclose(float(m["logp_gap_max"]), gap.max(), rtol=1e-5)
+  assert "tis_weight_mean" not in m      # off by default
+
+
+def test_truncated_importance_sampling_equals_numpy():
+  """With tis_cap, each token's term is -A * min(exp(logp - old), cap) (the
+  ratio against the trainer's own log-probs is 1), the gradient of logp
+  scaled by the same capped weight."""
+  model, batch, logp = fixed_logits_case(3, with_ref=False)
+  cap = 1.5
+  cfg = grpo.GRPOConfig(levels=("traj",), tis_cap=cap)
+  loss, m = jax.jit(lambda m, b: grpo.grpo_loss(m, b, cfg))(model, batch)
+  valid = _np_valid(batch)
+  r = np.asarray(batch.traj_reward, np.float64)
+  gid = np.asarray(batch.group_id)
+  adv = np.zeros(B)
+  for i in range(B):
+    g = r[gid == gid[i]]
+    if g.max() > g.min():
+      adv[i] = (r[i] - g.mean()) / (g.std() + 1e-6)
+  w = np.minimum(np.exp(logp - np.asarray(batch.old_logprobs, np.float64)), cap)
+  want = (-adv[:, None] * w * valid).sum() / valid.sum()
+  np.testing.assert_allclose(float(loss), want, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(float(m["tis_weight_mean"]), w[valid].mean(), rtol=1e-5)
+  assert 0.0 < float(m["tis_capped_frac"]) < 1.0       # some weights capped, some not
+
+
+def test_tis_without_a_gap_is_the_plain_loss_and_gradient():
+  """On-policy with no sampler/trainer gap the weights are 1: same loss and
+  gradient as with TIS off (what the CPU in fp32 gives: the gap is ~0)."""
+  model, batch, logp = fixed_logits_case(4, with_ref=False)
+  batch = batch.replace(old_logprobs=jnp.asarray(logp, jnp.float32))
+
+  def value_and_grad(cfg):
+    f = lambda mdl: grpo.grpo_loss(mdl, batch, cfg)[0]
+    return nnx.value_and_grad(f)(model)
+
+  (l0, g0), (l1, g1) = (value_and_grad(grpo.GRPOConfig(tis_cap=c)) for c in (0.0, 2.0))
+  np.testing.assert_allclose(float(l0), float(l1), rtol=1e-5, atol=1e-7)
+  np.testing.assert_allclose(np.asarray(g0.logits[...]), np.asarray(g1.logits[...]),
+                             rtol=1e-4, atol=1e-7)
+  assert float(np.abs(np.asarray(g0.logits[...])).max()) > 0
+
+
+def test_tis_cap_is_checked():
+  with pytest.raises(ValueError, match="tis_cap"):
+    grpo.GRPOConfig(tis_cap=0.5)
+
+
 def test_seq_len_not_loss_mask_bounds_the_tokens():
   """Policy tokens past seq_len are ignored; holes in the mask are fine."""
   model, batch, logp = fixed_logits_case(2)
@@ -308,7 +369,8 @@ def test_two_micro_batches_equal_one_full_batch(aggregation):
   p_micro, m_micro, _ = run_steps(mesh, micro)
   assert_trees_close(p_full, p_micro, 2e-5)
   for a, b in zip(m_full, m_micro):
-    for k in ("loss", "grad_norm", "clip_frac", "adv/traj_std"):
+    for k in ("loss", "grad_norm", "clip_frac", "adv/traj_std", "logp_gap_mean",
+              "logp_gap_max"):
       np.testing.assert_allclose(a[k], b[k], rtol=2e-5, atol=1e-6, err_msg=k)
 
 

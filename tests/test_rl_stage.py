@@ -71,6 +71,13 @@ def test_rl_runs_logs_levels_and_checkpoints(tok_dir, tmp_path):
     # The update ran on length-sorted micro-batches, each padded to a length
     # bucket (the 2-turn episodes hold ~300-500 tokens, not max_len 768).
     assert r["train/padded_tokens"] < 8 * 768
+    # Parse failures and failure causes of the sampled episodes, and the
+    # sampler/trainer log-prob gap at the first pass: ~0 on the CPU in fp32
+    # (same parameters; only summation order differs between the KV-cache
+    # decode and the trainer's forward pass).
+    assert 0 <= r["train/rollout/parse_failures"] <= r["train/rollout/steps"]
+    assert sum(v for k, v in r.items() if k.startswith("train/rollout/cause/")) <= 1.0
+    assert 0.0 <= r["train/rollout/logp_gap_mean"] <= r["train/rollout/logp_gap_max"] < 1e-3
   assert os.path.exists(os.path.join(d, "rl_curve.png"))
   assert os.listdir(os.path.join(d, "checkpoints")) == ["1"]
   # Per-task evaluations before/after on the same tasks, paired; the curve.
@@ -87,7 +94,11 @@ def test_rl_runs_logs_levels_and_checkpoints(tok_dir, tmp_path):
   assert curve[1]["eval_success"] == out["success"] and "step_reward" in curve[1]
   report = open(os.path.join(d, "rl_report.md")).read()
   assert "| success |" in report and "paired tasks" in report
-  assert "calls per execute step (oracle)" in report
+  assert "calls / execute step (policy / oracle)" in report
+  assert "Failed episodes per cause, before RL -> after RL" in report
+  assert "Ran on: " in report
+  for rec in recs_after_all(d):
+    assert ("cause" in rec) and (rec["cause"] is None) == rec["success"]
   # One solved and one failed transcript per kind where they exist, each
   # starting with the task and showing what the policy wrote.
   recs_after = metrics_lib.read_jsonl(os.path.join(d, rl_report.EVAL_AFTER_FILE))
@@ -98,6 +109,10 @@ def test_rl_runs_logs_levels_and_checkpoints(tok_dir, tmp_path):
     assert report.count(outcome) == len(kinds), (outcome, kinds)
   assert "[assistant] " in report
   # Kill/resume and the NaN stop: tests/test_stage_robustness.py.
+
+
+def recs_after_all(d):
+  return metrics_lib.read_jsonl(os.path.join(d, rl_report.EVAL_AFTER_FILE))
 
 
 def test_kind_weights_hand_worked():

@@ -309,8 +309,6 @@ def markdown_table(report: dict[str, Any], transcripts: bool = True) -> str:
   runs = report["runs"]
   by_bench = group_records(runs, ("benchmark",))
   lines: list[str] = []
-  if report.get("machine"):
-    lines += [f"Ran on: {provenance.one_line(report['machine'])}", ""]
   for i, (_, group) in enumerate(by_bench.items()):
     if i:
       lines.append("")
@@ -334,8 +332,12 @@ def markdown_table(report: dict[str, Any], transcripts: bool = True) -> str:
               f"{run['benchmark']} / {run['policy']} / {run['strategy']}", ""]
     lines += causes_lib.behaviour_table(analysis)
   notes = report.get("notes") or notes_for(r["benchmark"] for r in runs)
-  if notes:
-    lines += ["", "Notes:", ""] + [f"* {v}" for v in notes.values()]
+  bullets = [f"* {v}" for v in notes.values()]
+  if report.get("machine"):
+    bullets.append(f"* Ran on: {provenance.one_line(report['machine'])} (float rounding "
+                   "differs between CPUs: greedy decisions, and so these numbers, can too).")
+  if bullets:
+    lines += ["", "Notes:", ""] + bullets
   examples = report.get("transcripts") or []
   if examples and transcripts:
     lines += ["", "Transcripts (one solved and one failed per kind, where they exist; "
