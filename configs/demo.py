@@ -10,6 +10,7 @@ Run::
   python -m paraagent_jax.train --config=configs/demo.py:from_scratch=True --workdir=/tmp/x
   python -m paraagent_jax.train --config=configs/demo.py:stage=sft,budget=long --workdir=/tmp/y
   python -m paraagent_jax.train --config=configs/demo.py:stage=sft,budget=long2,init_from=/tmp/y --workdir=/tmp/y2
+  python -m paraagent_jax.train --config=configs/demo.py:rl_budget=long --workdir=/tmp/rl_long
   python -m paraagent_jax.train --config=configs/demo.py:runlocal --workdir=/tmp/z
   python -m paraagent_jax.train --config=configs/demo.py:runlocal,from_scratch=True --workdir=/tmp/w
 
@@ -23,6 +24,8 @@ reruns both SFT phases too (WORKDIR/sft and WORKDIR/sft2, ~2 h 15 min on 2
 CPU cores) and RL starts from the second. ``stage`` is "pipeline", "demos",
 "sft" or "rl"; ``budget`` ("long"; "long2", phase 2, with ``init_from=`` the
 phase-1 workdir; or "short": 225 demonstration steps, ~30 minutes) sizes the SFT; ``size`` picks the model preset ("demo" or "tiny");
+``rl_budget`` sizes the RL ("readme": 56 iterations, the run command's;
+"long": 224, evaluated every 56, a checkpoint kept every 14);
 ``runlocal`` shrinks the pipeline to a smoke run of a few minutes (RL from
 the shipped policy; with ``from_scratch=True``, a tiny SFT first).
 """
@@ -60,9 +63,11 @@ PHASE2 = {
 def get_config(arg=None):
   """The demo config; ``arg`` is ``key=value,...``."""
   a = config_utils.parse_arg(arg, stage="pipeline", size="demo", budget="long",
-                             from_scratch=False, runlocal=False)
+                             from_scratch=False, runlocal=False, rl_budget="readme")
   if a.budget not in ("long", "long2", "short"):
     raise config_utils.ConfigError(f"budget={a.budget!r}; expected long, long2 or short")
+  if a.rl_budget not in ("readme", "long"):
+    raise config_utils.ConfigError(f"rl_budget={a.rl_budget!r}; expected readme or long")
   init_from = dict(config_utils.split_pairs(arg)).get("init_from", "")
   if a.budget == "long2" and not init_from:
     raise config_utils.ConfigError(
@@ -242,6 +247,15 @@ def get_config(arg=None):
   # the 24 GB machine); 4 micro-batches of 8 keep it to a few GB.
   c.rl.num_micro_batches = 4
 
+  if a.rl_budget == "long":
+    # The long RL recipe (``rl_budget=long``): the README command's RL run
+    # on (same seeds, constant learning rate, so its first 56 iterations are
+    # the README command's), 4 x 56 iterations, held-out evaluations every
+    # 56, a kept checkpoint every 14 (each one can be evaluated or resumed).
+    c.rl.iterations = 224
+    c.rl.eval_every = 56
+    c.rl.ckpt_every = 14
+    c.keep_ckpts = 0                 # keep them all (~19 MB each)
   if a.runlocal:
     # The README command in miniature: demonstrations of 64 tasks, then two
     # RL iterations from the shipped policy, which solves some tasks, so the
