@@ -77,6 +77,7 @@ def get_config(arg=None):
   c.stage = a.stage
   c.size = a.size
   c.budget = a.budget
+  c.rl_budget = a.rl_budget
   c.from_scratch = a.from_scratch
   c.runlocal = a.runlocal
   c.model.preset = a.size
