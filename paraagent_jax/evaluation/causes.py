@@ -123,6 +123,15 @@ def cause_table(records_or_summary) -> list[str]:
   return lines
 
 
+def one_line(s: Mapping[str, Any] | None, group: str = "all") -> str:
+  """The causes of ``group``'s failed episodes, most frequent first, as one line
+  (``""`` without a diagnosis): for consoles."""
+  if not s or group not in s["counts"]:
+    return ""
+  c = sorted(((n, cause) for cause, n in s["counts"][group].items() if n), reverse=True)
+  return ", ".join(f"{cause} {n}" for n, cause in c) or "none failed"
+
+
 def _mean(vals) -> float | None:
   vals = [float(v) for v in vals if v is not None]
   return sum(vals) / len(vals) if vals else None

@@ -22,6 +22,7 @@ from paraagent_jax import config_utils
 from paraagent_jax import rundir
 from paraagent_jax import tokenizer as tok_lib
 from paraagent_jax.evaluation import benchmarks as bench_lib
+from paraagent_jax.evaluation import causes as causes_lib
 from paraagent_jax.evaluation import greedy
 from paraagent_jax.evaluation import report as report_lib
 from paraagent_jax.evaluation import runner
@@ -175,6 +176,11 @@ def run(config, workdir: str, checkpoint: str = "", transcripts: int = 0) -> dic
   rep = report_lib.write_report(records, workdir)
   report = report_lib.build_report(records)
   print(report_lib.terminal_table(report), flush=True)
+  for run in report["runs"]:
+    if run.get("analysis"):
+      print(f"failed episodes by cause, {run['benchmark']}/{run['policy']}/{run['strategy']}: "
+            f"{causes_lib.one_line(run['analysis'])}; multi-tool: "
+            f"{causes_lib.one_line(run['analysis'], 'multi_tool')}", flush=True)
   for ex in report["transcripts"][:max(0, int(transcripts))]:
     print(report_lib.format_transcript(ex, max_chars=0) + "\n", flush=True)
   print(f"evaluate: report {rep['markdown']} (every column, per-kind turns and "

@@ -382,6 +382,8 @@ def run_rl(config: ml_collections.ConfigDict, workdir: str) -> dict:
   paired = rl_report.paired_before_after(workdir)
   if paired:
     print("rl: " + paired_lib.format_paired(paired, ("before", "after")), flush=True)
+  for line in rl_report.cause_summary_lines(workdir):
+    print("rl: " + line, flush=True)
   report = rl_report.write_report(workdir, history, result, paired, meta, behaviour)
   print(f"rl: report {report}", flush=True)
   return result

@@ -109,6 +109,17 @@ def write_report(workdir: str, history: Sequence[dict], after: dict,
   return fileio.write_text_atomic(path, "\n".join(lines))
 
 
+def cause_summary_lines(workdir: str) -> list[str]:
+  """Console lines: the failed held-out episodes by cause, before and after RL."""
+  out = []
+  for name, f in (("before RL", EVAL_BEFORE_FILE), ("after RL", EVAL_AFTER_FILE)):
+    s = causes_lib.summary(_read_records(os.path.join(workdir, f)))
+    if s:
+      out.append(f"failed held-out episodes by cause {name}: {causes_lib.one_line(s)}; "
+                 f"multi-tool: {causes_lib.one_line(s, 'multi_tool')}")
+  return out
+
+
 def _read_records(path: str) -> list[dict]:
   if not os.path.exists(path):
     return []
