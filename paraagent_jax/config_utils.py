@@ -370,6 +370,10 @@ def rl_defaults() -> ml_collections.ConfigDict:
   c.temperature = 1.0
   c.top_k = 0
   c.top_p = 1.0
+  # How a sampled token is drawn: "gumbel" (jax.random.categorical) or
+  # "inverse_cdf" (one uniform per row: the same distribution, another random
+  # stream, cheaper on the CPU; benchmarks/draw_bench.py).
+  c.draw = "gumbel"
   c.max_turns = 8
   c.max_turn_tokens = 160
   c.max_len = 1536

@@ -316,8 +316,8 @@ class Sampler:
                = 128, *, temperature: float = 0.0, top_k: int = 0,
                top_p: float = 1.0, stop_token_ids: Sequence[int] = (),
                stop_sequences: Sequence[Sequence[int]] = (),
-               active: Sequence[bool] | None = None, pad_token_id: int = 0
-               ) -> GenerateOutput:
+               active: Sequence[bool] | None = None, pad_token_id: int = 0,
+               draw: str = "gumbel") -> GenerateOutput:
     """Generates from the current state of every active row.
 
     Args:
@@ -333,6 +333,9 @@ class Sampler:
       active: rows allowed to generate (default: every row holding tokens);
         inactive rows generate nothing and their cache is untouched.
       pad_token_id: written to `tokens` after each row's length.
+      draw: how a sampled token is drawn: "gumbel" (`jax.random.categorical`)
+        or "inverse_cdf" (one uniform per row; the same distribution, another
+        random stream; `sampling_kernels.inverse_cdf_choice`).
 
     Returns:
       A `GenerateOutput`; `.state` continues the batch.
@@ -357,9 +360,11 @@ class Sampler:
       stop_msk[i, width - len(s):] = True
     greedy = float(temperature) <= 0.0
     key, sub = jax.random.split(state.key)
+    if draw not in kernels.DRAWS:
+      raise ValueError(f"draw={draw!r}; expected one of {kernels.DRAWS}")
     static = dict(greedy=greedy, top_k=0 if greedy else int(top_k),
                   use_top_p=(not greedy) and float(top_p) < 1.0,
-                  pad_id=int(pad_token_id))
+                  pad_id=int(pad_token_id), draw="gumbel" if greedy else draw)
     loop = kernels.decode_loop_init(budget, n_buf, width, int(pad_token_id))
     decode_w = self._decode_weights(state.stats)
     stats = state.stats
@@ -415,7 +420,7 @@ def generate(model, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int = 1
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
              stop_token_ids: Sequence[int] = (),
              stop_sequences: Sequence[Sequence[int]] = (), seed: int = 0, *,
-             max_len: int | None = None, pad_token_id: int = 0,
+             max_len: int | None = None, pad_token_id: int = 0, draw: str = "gumbel",
              **sampler_kwargs) -> GenerateOutput:
   """Prefills `prompt_ids` (ragged, one list per row) and generates.
 
@@ -430,6 +435,7 @@ def generate(model, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int = 1
     max_len: cache capacity (default: longest prompt + budget, rounded up); pass
       a larger one to continue the batch later with `continue_generation`.
     pad_token_id: written to `tokens` after each row's length.
+    draw: "gumbel" or "inverse_cdf" (`Sampler.generate`).
     **sampler_kwargs: forwarded to `Sampler` (min_chunk, max_chunk, ...).
 
   Returns:
@@ -444,7 +450,7 @@ def generate(model, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int = 1
   return sampler.generate(
       state, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
       stop_token_ids=stop_token_ids, stop_sequences=stop_sequences,
-      pad_token_id=pad_token_id)
+      pad_token_id=pad_token_id, draw=draw)
 
 
 def continue_generation(model, state: SamplerState,

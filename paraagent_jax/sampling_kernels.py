@@ -70,13 +70,51 @@ def token_logprob(logits, tok, axis: int = -1):
   return (jnp.squeeze(picked, axis) - jnp.squeeze(m, axis)) - lse
 
 
+DRAWS = ("gumbel", "inverse_cdf")
+# Entries per block of the two-level inverse-CDF draw.
+DRAW_BLOCK = 64
+
+
+def inverse_cdf_choice(x, key, block: int = DRAW_BLOCK):
+  """An index per row drawn from softmax(x) ([B, V]; -inf entries never) with
+  one uniform per row.
+
+  The same distribution as `jax.random.categorical` (up to float rounding of
+  the partial sums), another random stream: u ~ U[0, total) picks the block
+  of ``block`` entries whose cumulative mass first exceeds it, then the entry
+  inside that block. Cost: one exp per entry and [B, V / block] + [B, block]
+  partial sums, against categorical's V random bits and two logs per entry.
+  """
+  b, v = x.shape
+  nb = -(-v // block)
+  p = jnp.exp(x - jnp.max(x, axis=-1, keepdims=True))
+  p = jnp.pad(p, ((0, 0), (0, nb * block - v))).reshape(b, nb, block)
+  bsum = jnp.sum(p, axis=-1)                                  # [B, nb]
+  bcum = jnp.cumsum(bsum, axis=-1)
+  u = jax.random.uniform(key, (b,), jnp.float32) * bcum[:, -1]
+
+  def last_nonzero(mass):   # [B, n] -> the last index with mass > 0
+    n = mass.shape[-1]
+    return n - 1 - jnp.argmax(jnp.flip(mass > 0, axis=-1), axis=-1)
+
+  bi = jnp.minimum(jnp.sum(bcum <= u[:, None], axis=-1), last_nonzero(bsum))
+  within = jnp.take_along_axis(p, jnp.broadcast_to(bi[:, None, None], (b, 1, block)),
+                               axis=1)[:, 0]                  # [B, block]
+  before = jnp.take_along_axis(bcum - bsum, bi[:, None], axis=-1)[:, 0]
+  wcum = jnp.cumsum(within, axis=-1)
+  j = jnp.minimum(jnp.sum(wcum <= (u - before)[:, None], axis=-1), last_nonzero(within))
+  return (bi * block + j).astype(jnp.int32)
+
+
 def sample_token(logits, key, temperature, top_p, *, greedy: bool, top_k: int,
-            use_top_p: bool):
+                 use_top_p: bool, draw: str = "gumbel"):
   """Samples one token per row; returns (token, log-prob under the sampled dist).
 
   Warpers are applied in the order of transformers (temperature, top-k, top-p);
   top-p keeps the smallest prefix of the sorted distribution whose mass reaches
-  `top_p` (the token that crosses the threshold is kept).
+  `top_p` (the token that crosses the threshold is kept). ``draw``: "gumbel"
+  (`jax.random.categorical`) or "inverse_cdf" (`inverse_cdf_choice`: the same
+  distribution, one uniform per row, another random stream).
   """
   if greedy:
     tok = argmax(logits)
@@ -94,7 +132,12 @@ def sample_token(logits, key, temperature, top_p, *, greedy: bool, top_k: int,
       vals = jnp.where(mass_before < top_p, vals, -jnp.inf)
   else:
     vals, idx = x, None
-  choice = jax.random.categorical(key, vals, axis=-1)
+  if draw == "inverse_cdf":
+    choice = inverse_cdf_choice(vals, key)
+  elif draw == "gumbel":
+    choice = jax.random.categorical(key, vals, axis=-1)
+  else:
+    raise ValueError(f"draw={draw!r}; expected one of {DRAWS}")
   proc_lp = jnp.take_along_axis(jax.nn.log_softmax(vals, axis=-1),
                                 choice[:, None], axis=-1)[:, 0]
   tok = choice if idx is None else jnp.take_along_axis(
@@ -125,7 +168,8 @@ def decode_loop_init(budget, n_buf: int, width: int, pad_id: int):
 
 def decode_fn(graphdef, params, cache, next_logits, key, loop, budget,
               stop_seqs, stop_mask, temperature, top_p, decode_weights=None, *,
-              greedy: bool, top_k: int, use_top_p: bool, pad_id: int):
+              greedy: bool, top_k: int, use_top_p: bool, pad_id: int,
+              draw: str = "gumbel"):
   """Decode loop on device: samples until every row stopped or ran out of budget.
 
   `loop` is `decode_loop_init`'s state (or one this function returned); the
@@ -162,7 +206,7 @@ def decode_fn(graphdef, params, cache, next_logits, key, loop, budget,
       logits = logits.T
     tok, plp = sample_token(logits, jax.random.fold_in(key, i), temperature,
                             top_p, greedy=greedy, top_k=top_k,
-                            use_top_p=use_top_p)
+                            use_top_p=use_top_p, draw=draw)
     return tok, token_logprob(logits, tok), plp
 
   # With decode weights (the CPU), a step's LM head writes its product [V, B]
@@ -221,5 +265,5 @@ APPEND_JIT = jax.jit(append_fn, donate_argnums=(2, 3))
 DECODE_WEIGHTS_JIT = jax.jit(decode_weights_fn)
 DECODE_JIT = jax.jit(
     decode_fn, donate_argnums=(2, 3),
-    static_argnames=("greedy", "top_k", "use_top_p", "pad_id"))
+    static_argnames=("greedy", "top_k", "use_top_p", "pad_id", "draw"))
 RESIZE_JIT = jax.jit(resize_cache_fn, static_argnames=("capacity",))

@@ -215,6 +215,14 @@ def test_sampling_seeded_and_restricted(models):
   for r in range(3):
     np.testing.assert_allclose(a.logprobs[r], _hf_logprobs(hf, prompt, _row(a, r)),
                                atol=1e-4)
+  # The inverse-CDF draw: seeded, another stream, the same plain log-probs.
+  d = sampling.generate(model, prompts, seed=3, draw="inverse_cdf", **kw)
+  np.testing.assert_array_equal(
+      d.tokens, sampling.generate(model, prompts, seed=3, draw="inverse_cdf", **kw).tokens)
+  assert not np.array_equal(d.tokens, a.tokens)
+  for r in range(2):
+    np.testing.assert_allclose(d.logprobs[r], _hf_logprobs(hf, prompt, _row(d, r)),
+                               atol=1e-4)
   # top-k=1 and a tiny top-p are greedy whatever the temperature.
   greedy = sampling.generate(model, [prompt], max_new_tokens=6)
   for extra in (dict(top_k=1), dict(top_p=1e-4)):
@@ -241,11 +249,13 @@ def _sample_many(logits, n, **kw):
   x = jax.numpy.asarray(np.tile(logits, (1, 1)), jax.numpy.float32)
   fn = lambda k: sampling_kernels.sample_token(x, k, 1.0, kw.get("top_p", 1.0),  # pylint: disable=protected-access
                                   greedy=False, top_k=kw.get("top_k", 0),
-                                  use_top_p=kw.get("top_p", 1.0) < 1.0)
+                                  use_top_p=kw.get("top_p", 1.0) < 1.0,
+                                  draw=kw.get("draw", "gumbel"))
   toks, lps = jax.vmap(fn)(keys)
   return np.asarray(toks)[:, 0], np.asarray(lps)[:, 0]
 
 
+@pytest.mark.parametrize("draw", ["gumbel", "inverse_cdf"])
 @pytest.mark.parametrize("kw,support", [
     (dict(top_k=2), [0, 1]),
     (dict(top_p=0.6), [0, 1]),     # 0.5 < 0.6: the token crossing 0.6 is kept
@@ -253,9 +263,9 @@ def _sample_many(logits, n, **kw):
     (dict(top_k=3, top_p=0.9), [0, 1, 2]),
     (dict(), [0, 1, 2, 3, 4]),
 ])
-def test_top_k_top_p_support_and_frequencies(kw, support):
+def test_top_k_top_p_support_and_frequencies(kw, support, draw):
   probs = np.array([0.5, 0.25, 0.15, 0.06, 0.04])
-  toks, lps = _sample_many(np.log(probs)[None], 4000, **kw)
+  toks, lps = _sample_many(np.log(probs)[None], 4000, draw=draw, **kw)
   assert set(toks.tolist()) == set(support)
   want = probs[support] / probs[support].sum()
   freq = np.array([(toks == t).mean() for t in support])
@@ -263,6 +273,39 @@ def test_top_k_top_p_support_and_frequencies(kw, support):
   np.testing.assert_allclose(freq, want, atol=0.04)
   np.testing.assert_allclose(lps, np.log(want[np.searchsorted(support, toks)]),
                              atol=1e-5)
+
+
+def test_inverse_cdf_draw_matches_the_distribution_across_blocks():
+  """A vocabulary of 300 (5 blocks of 64, the last one partial) with mass in
+  every block, zero-probability entries (-inf) that must never come out, and
+  a chi-square test of 20,000 draws against the probabilities."""
+  rng = np.random.default_rng(0)
+  v = 300
+  logits = rng.normal(scale=1.5, size=v)
+  logits[rng.choice(v, 40, replace=False)] = -np.inf
+  logits[[0, 63, 64, 255, 256, 299]] = [2.0, 2.5, -np.inf, 3.0, 1.0, 2.2]
+  p = np.exp(logits - logits[np.isfinite(logits)].max())
+  p /= p.sum()
+  x = jax.numpy.asarray(np.tile(logits, (4, 1)), jax.numpy.float32)
+  keys = jax.random.split(jax.random.key(1), 5000)
+  toks = np.asarray(jax.vmap(lambda k: sampling_kernels.inverse_cdf_choice(x, k))(keys))
+  toks = toks.reshape(-1)
+  assert np.all(p[toks] > 0)                      # never a -inf entry
+  counts = np.bincount(toks, minlength=v)
+  keep = p * toks.size >= 5                        # chi-square's usual rule
+  expect = p[keep] * toks.size
+  chi2 = float((((counts[keep] - expect) ** 2) / expect).sum())
+  dof = int(keep.sum()) - 1
+  # Far above the 99.9% point of chi2(dof) only if the draw is biased.
+  assert chi2 < dof + 5 * np.sqrt(2 * dof), (chi2, dof)
+  # A one-hot row always gives its entry; a bad draw name is refused.
+  one = np.full((2, v), -np.inf, np.float32)
+  one[:, 299] = 0.0
+  assert np.asarray(sampling_kernels.inverse_cdf_choice(jax.numpy.asarray(one),
+                                                        jax.random.key(3))).tolist() == [299, 299]
+  with pytest.raises(ValueError, match="draw"):
+    sampling_kernels.sample_token(x, jax.random.key(0), 1.0, 1.0, greedy=False, top_k=0,
+                                  use_top_p=False, draw="nope")
 
 
 def test_bucketing_avoids_recompiles_and_counts_tokens(models):

@@ -76,8 +76,9 @@ class JaxPolicy(Policy):
 
   def __init__(self, model, fmt, *, max_len: int, max_turn_tokens: int = 256,
                temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-               min_chunk: int = 32, max_chunk: int = 512):
+               min_chunk: int = 32, max_chunk: int = 512, draw: str = "gumbel"):
     self._sampling = sampling
+    self.draw = draw
     self.model = model
     self.fmt = fmt
     self.max_len = max_len
@@ -115,7 +116,7 @@ class JaxPolicy(Policy):
         self._state, self.max_turn_tokens, temperature=self.temperature,
         top_k=self.top_k, top_p=self.top_p,
         stop_sequences=self.fmt.stop_sequences, active=active,
-        pad_token_id=self.fmt.pad_id)
+        pad_token_id=self.fmt.pad_id, draw=self.draw)
     self._state = out.state
     results = []
     for r in requests:

@@ -57,6 +57,7 @@ from paraagent_jax import interrupts
 from paraagent_jax import metrics as metrics_lib
 from paraagent_jax import provenance
 from paraagent_jax import rundir
+from paraagent_jax import sampling_kernels
 from paraagent_jax import tokenizer as tok_lib
 from paraagent_jax.data import rows as data_rows
 from paraagent_jax.evaluation import greedy
@@ -209,6 +210,9 @@ def run_rl(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Runs the RL stage in ``workdir``; returns the final evaluation metrics."""
   rl = config.rl
   rl_tasks.task_sampling(rl)   # checked before the evaluation, not at iteration 1
+  if rl.get("draw", "gumbel") not in sampling_kernels.DRAWS:
+    raise config_utils.ConfigError(f"rl.draw={rl.draw!r}; expected one of "
+                                   f"{', '.join(sampling_kernels.DRAWS)}")
   buckets = length_buckets(rl)
   tpath = rundir.tokenizer_dir(config)
   if not tpath or not os.path.exists(tpath):
@@ -264,7 +268,8 @@ def run_rl(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
   policy = policies.JaxPolicy(nnx.merge(t.graphdef, t.state), fmt, max_len=rl.max_len,
                               max_turn_tokens=rl.max_turn_tokens,
-                              temperature=rl.temperature, top_k=rl.top_k, top_p=rl.top_p)
+                              temperature=rl.temperature, top_k=rl.top_k, top_p=rl.top_p,
+                              draw=str(rl.get("draw", "gumbel")))
   writer = metrics_lib.MetricsWriter(
       workdir, total_steps=rl.iterations, start_step=start_it,
       tensorboard=config.tensorboard, progress=False, is_primary=primary)
