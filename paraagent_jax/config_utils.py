@@ -352,6 +352,12 @@ def rl_defaults() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.catalog = ""                # "" = data.catalog (the demonstrations'), else procedural
   c.catalog_seed = 0
+  # The catalog seed of the *training* tasks (-1 = catalog_seed). Another seed
+  # builds other provider names (a procedural catalog), most never seen in the
+  # SFT data, as held-out providers are; held-out evaluation stays on
+  # catalog_seed's test split (a provider's split is a function of its name,
+  # so no held-out provider becomes a training one).
+  c.train_catalog_seed = -1
   c.task_seed = 0
   c.kinds = KINDS
   c.strategy = "paraact"

@@ -37,6 +37,8 @@ PROG = "paraagent_jax.evaluate"
 DEFAULT_CONFIG = "configs/evaluate.py"
 _CHECKPOINT = flags.DEFINE_string("checkpoint", "", "Training workdir or HF dir "
                                   "to evaluate (sets policy=checkpoint).")
+_STEP = flags.DEFINE_integer("step", None, "The checkpoint step of a training workdir "
+                             "to evaluate (default: the newest).")
 _COMPARE = flags.DEFINE_list("compare", [], "Workdirs (or report.json files) to "
                              "put side by side instead of evaluating.")
 _TRANSCRIPTS = flags.DEFINE_integer("transcripts", 0, "Print this many example "
@@ -62,8 +64,10 @@ def main(argv) -> None:
     if not cli.WORKDIR.value:
       cli.fail(PROG, "--workdir is required")
     config = cli.config_value(PROG, default=DEFAULT_CONFIG)
+    if _STEP.value is not None and not _CHECKPOINT.value:
+      cli.fail(PROG, "--step needs --checkpoint (a training workdir)")
     suite.run(config, os.path.abspath(cli.WORKDIR.value), _CHECKPOINT.value,
-              transcripts=_TRANSCRIPTS.value)
+              transcripts=_TRANSCRIPTS.value, step=_STEP.value)
   except (config_utils.ConfigError, ckpt_lib.CheckpointError, OSError) as e:
     cli.fail(PROG, str(e))
 

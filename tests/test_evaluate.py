@@ -35,6 +35,11 @@ def test_oracle_scores_100_percent_under_every_strategy(oracle_run):
     assert all(x["parse_errors"] == 0 for x in r)
   turns = {s: sum(x["turns"] for x in r) / len(r) for s, r in recs.items()}
   assert turns["paraact"] < turns["react"]
+  # Every record carries the diagnosis; the oracle's own episode is its plan.
+  for s, r in recs.items():
+    for x in r:
+      assert x["cause"] is None and x["cause_detail"] == ""
+      assert x["oracle_turns"] == x["turns"] and x["unknown_tool_calls"] == 0, (s, x)
   for f in ("report.md", "report.json"):
     assert os.path.exists(os.path.join(d, f))
 
@@ -53,6 +58,8 @@ def test_records_carry_transcripts_and_the_report_shows_them(oracle_run, capsys)
   with open(os.path.join(d, "report.md")) as f:
     md = f.read()
   assert "Transcripts (one solved and one failed per kind" in md
+  assert "Failed episodes by cause: toolenv-procedural / oracle / paraact" in md
+  assert "| **failed** | 0 | 0 | 0 | 0 | 0 | 0 | 0 | |" in md
   # The oracle solves everything: one solved example per (strategy, kind).
   assert md.count(": solved\n[task]") == 4 * 5 and ": failed\n" not in md
   # --transcripts=N prints N after the compact table (no transcripts in it).
@@ -61,6 +68,7 @@ def test_records_carry_transcripts_and_the_report_shows_them(oracle_run, capsys)
   out = capsys.readouterr().out
   assert out.count(": solved\n[task]") == 2
   assert "report " + os.path.join(d, "report.md") in out
+  assert "failed episodes by cause, toolenv-procedural/oracle/paraact: none failed" in out
   table = out.split("toolenv-procedural / oracle")[0]
   assert "Transcripts" not in table
 

@@ -12,6 +12,7 @@ from paraagent_jax.trainer import rl_report
 from paraagent_jax.trainer import rl as rl_lib
 from paraagent_jax.evaluation import greedy
 from paraagent_jax import config_utils
+from paraagent_jax import rundir
 from paraagent_jax import metrics as metrics_lib
 from paraagent_jax.evaluation import paired
 from paraagent_jax import tokenizer as tok_lib
@@ -54,8 +55,8 @@ def rl_config(tok_dir, **rl):
 
 def test_rl_runs_logs_levels_and_checkpoints(tok_dir, tmp_path):
   d = str(tmp_path)
-  out = rl_lib.run_rl(rl_config(tok_dir, task_sampling="pass_rate",
-                                  length_buckets="256,512"), d)
+  cfg = rl_config(tok_dir, task_sampling="pass_rate", length_buckets="256,512")
+  out = rl_lib.run_rl(cfg, d)
   assert "success" in out and 0.0 <= out["success"] <= 1.0
   recs = metrics_lib.read_jsonl(os.path.join(d, "metrics.jsonl"))
   train = [r for r in recs if "train/rollout/success" in r]
@@ -108,6 +109,20 @@ def test_rl_runs_logs_levels_and_checkpoints(tok_dir, tmp_path):
     kinds = {r["kind"] for r in recs_after if r["success"] == want}
     assert report.count(outcome) == len(kinds), (outcome, kinds)
   assert "[assistant] " in report
+  # Every evaluation's per-task records; `evaluate --step` reads a checkpoint
+  # of the run by its step, with the step in the policy's name.
+  assert os.path.exists(os.path.join(d, "eval_it1.jsonl"))
+  from paraagent_jax import evaluate  # pylint: disable=g-import-not-at-top
+  ec = config_utils.load_config("configs/evaluate.py:runlocal")
+  ec.num_per_kind, ec.strategies, ec.kinds = 1, "paraact", "single"
+  ev = str(tmp_path / "ev")
+  rundir.write_config(cfg, d)          # as the pipeline does for each stage
+  assert os.path.exists(os.path.join(d, "machine.json"))
+  evaluate.run(ec, ev, checkpoint=d, step=1)
+  assert os.listdir(os.path.join(ev, "records")) == [
+      f"toolenv-procedural-{os.path.basename(d)}@1-paraact.jsonl"]
+  with pytest.raises(config_utils.ConfigError, match="step"):
+    evaluate.run(ec, str(tmp_path / "ev2"), checkpoint=d, step=7)
   # Kill/resume and the NaN stop: tests/test_stage_robustness.py.
 
 
@@ -255,3 +270,33 @@ def test_learning_curve_running_mean_and_png(tmp_path):
   path = rl_report.save_curve(str(tmp_path))
   with open(path, "rb") as f:
     assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_train_catalog_seed_trains_on_other_providers(tok_dir, tmp_path, monkeypatch):
+  """rl.train_catalog_seed: training tasks (and their env) from another
+  catalog seed, held-out evaluation still on catalog_seed's test split."""
+  seen = []
+  real = rl_tasks.sample_tasks
+
+  def spy(gen, *a, **kw):
+    out = real(gen, *a, **kw)
+    seen.append((gen.catalog.info.get("seed"), out))
+    return out
+
+  monkeypatch.setattr(rl_lib.rl_tasks, "sample_tasks", spy)
+  d = str(tmp_path)
+  rl_lib.run_rl(rl_config(tok_dir, train_catalog_seed=1, eval_every=0), d)
+  (seed, tasks), = seen
+  assert seed == 1
+  cat0 = toolenv.load_catalog("procedural", seed=0)
+  cat1 = toolenv.load_catalog("procedural", seed=1)
+  tools = {tool for t in tasks for tool in t.gold_tools}
+  assert all(cat1.get(x) is not None for x in tools)
+  assert any(cat0.get(x) is None for x in tools)        # names seed 0 does not have
+  with open(os.path.join(d, rl_report.RUN_META_FILE)) as f:
+    assert json.load(f)["train_catalog_seed"] == 1
+  after = metrics_lib.read_jsonl(os.path.join(d, rl_report.EVAL_AFTER_FILE))
+  gen0 = toolenv.TaskGenerator(cat0, seed=0)
+  want = rl_tasks.draw_tasks(gen0, "test", 0, 2, config_utils.KINDS.split(","))
+  assert [t.instruction in r["transcript"][0]["text"] for r, t in zip(after, want)] == [
+      True, True]

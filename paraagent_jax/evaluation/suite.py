@@ -80,8 +80,12 @@ def policy_tokenizer(config, checkpoint: str, workdir: str = ""):
                                  "with tokenizer.json)")
 
 
-def run(config, workdir: str, checkpoint: str = "", transcripts: int = 0) -> dict:
-  """Runs every (strategy, benchmark) of ``config``; writes and returns the report."""
+def run(config, workdir: str, checkpoint: str = "", transcripts: int = 0,
+        step: int | None = None) -> dict:
+  """Runs every (strategy, benchmark) of ``config``; writes and returns the report.
+
+  ``step``: the checkpoint step of a training workdir (default: the newest).
+  """
   if checkpoint:
     config.policy = "checkpoint"
   if config.policy not in ("oracle", "checkpoint", "api"):
@@ -102,9 +106,11 @@ def run(config, workdir: str, checkpoint: str = "", transcripts: int = 0) -> dic
                                      f"{', '.join(known)}")
   os.makedirs(workdir, exist_ok=True)
   tok = policy_tokenizer(config, checkpoint, workdir)
-  model = rundir.load_model(checkpoint, len(tok))[0] if checkpoint else None
+  model = rundir.load_model(checkpoint, len(tok), step)[0] if checkpoint else None
   name = config.policy_name or (os.path.basename(os.path.normpath(checkpoint))
                                 if checkpoint else config.policy)
+  if step is not None and not config.policy_name:
+    name += f"@{step}"
   rcfg = greedy.rollout_config(config.rollout)
   if config.policy in ("oracle", "api"):
     # Text-level policies hold no KV cache: their context is the endpoint's,

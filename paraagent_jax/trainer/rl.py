@@ -2,7 +2,8 @@
 
 Each iteration:
 
-1. draws ``rl.tasks_per_iter`` tasks from ToolEnv's train split (task number
+1. draws ``rl.tasks_per_iter`` tasks from ToolEnv's train split (of the
+   catalog of ``rl.train_catalog_seed`` when set; task number
    ``it * tasks_per_iter + j``, so a resumed run draws the same tasks); kinds
    round robin, or (``rl.task_sampling="pass_rate"``) in proportion to the
    chance that a group of that kind has both successes and failures, from
@@ -108,6 +109,7 @@ def run_meta(config, levels: Sequence[str]) -> dict[str, Any]:
           "strategy": rl.strategy, "group_size": int(rl.group_size),
           "tasks_per_iter": int(rl.tasks_per_iter), "passes": int(rl.passes),
           "task_sampling": rl_tasks.task_sampling(rl),
+          "train_catalog_seed": int(rl.get("train_catalog_seed", -1)),
           "temperature": float(rl.temperature), "seed": int(config.seed),
           "init_from": config.init_from, "machine": provenance.machine()}
 
@@ -225,6 +227,13 @@ def run_rl(config: ml_collections.ConfigDict, workdir: str) -> dict:
   catalog = toolenv.load_catalog(config_utils.rl_catalog(config), seed=rl.catalog_seed)
   gen = toolenv.TaskGenerator(catalog, seed=rl.task_seed)
   eval_tasks = rl_tasks.draw_tasks(gen, "test", 0, rl.eval_tasks, kinds)
+  train_catalog, train_gen = catalog, gen
+  train_seed = int(rl.get("train_catalog_seed", -1))
+  if train_seed >= 0 and train_seed != int(rl.catalog_seed):
+    # Training tasks from another catalog seed: other provider names, most of
+    # them new to the policy (held-out tasks stay on catalog_seed).
+    train_catalog = toolenv.load_catalog(config_utils.rl_catalog(config), seed=train_seed)
+    train_gen = toolenv.TaskGenerator(train_catalog, seed=rl.task_seed)
   rcfg = greedy.rollout_config(rl)
 
   rundir.check_init_from(config.init_from)
@@ -282,7 +291,7 @@ def run_rl(config: ml_collections.ConfigDict, workdir: str) -> dict:
   g = rl.group_size
   # The observation format the SFT demonstrations were built with.
   obs_format = str(config.data.get("obs_format", "full"))
-  env = toolenv.VectorToolEnv(catalog, num_envs=rl.tasks_per_iter * g, obs_format=obs_format,
+  env = toolenv.VectorToolEnv(train_catalog, num_envs=rl.tasks_per_iter * g, obs_format=obs_format,
                               **toolenv.oracle.env_options(rl.strategy))
   result = last_eval(history)
   behaviour: list[str] = []
@@ -297,7 +306,8 @@ def run_rl(config: ml_collections.ConfigDict, workdir: str) -> dict:
       print(f"rl: held-out greedy success before RL {before['success']:.3f}", flush=True)
     for it in range(start_it + 1, rl.iterations + 1):
       t0 = time.perf_counter()
-      tasks = rl_tasks.sample_tasks(gen, it, rl.tasks_per_iter, kinds, rl, history, seed=config.seed)
+      tasks = rl_tasks.sample_tasks(train_gen, it, rl.tasks_per_iter, kinds, rl, history,
+                                    seed=config.seed)
       group_tasks = [task for task in tasks for _ in range(g)]
       group_ids = [j for j in range(len(tasks)) for _ in range(g)]
       policy.update_model(nnx.merge(t.graphdef, t.state))
@@ -359,6 +369,9 @@ def run_rl(config: ml_collections.ConfigDict, workdir: str) -> dict:
         result = greedy.greedy_eval(policy_with(policy, nnx.merge(t.graphdef, t.state)), fmt,
                              catalog, eval_tasks, rcfg, rl.strategy, obs_format=obs_format,
                              per_task=per_task)
+        if primary:
+          # Every evaluation's per-task records (paired tests along a long run).
+          greedy.write_per_task(os.path.join(workdir, f"eval_it{it}.jsonl"), per_task)
         if primary and final:
           greedy.write_per_task(os.path.join(workdir, rl_report.EVAL_AFTER_FILE), per_task)
           behaviour = greedy.behaviour_table(per_task, greedy.oracle_records(eval_tasks, rl.strategy))
