@@ -109,6 +109,11 @@ CONFIG = _define_config_flag()
 WORKDIR = (flags.FlagHolder(flags.FLAGS, flags.FLAGS["workdir"]) if "workdir" in flags.FLAGS
            else flags.DEFINE_string("workdir", None, "Run directory (checkpoints, "
                                     "metrics); rerun the same command to resume."))
+# A checkpoint step of a training workdir (evaluate, export_hf): one flag, so
+# that both entry points can be imported in one process.
+STEP = (flags.FlagHolder(flags.FLAGS, flags.FLAGS["step"]) if "step" in flags.FLAGS
+        else flags.DEFINE_integer("step", None, "Checkpoint step of a training workdir "
+                                  "(default: the newest)."))
 
 
 def config_value(prog: str, default: str | None = None) -> ml_collections.ConfigDict:

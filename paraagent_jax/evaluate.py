@@ -37,8 +37,7 @@ PROG = "paraagent_jax.evaluate"
 DEFAULT_CONFIG = "configs/evaluate.py"
 _CHECKPOINT = flags.DEFINE_string("checkpoint", "", "Training workdir or HF dir "
                                   "to evaluate (sets policy=checkpoint).")
-_STEP = flags.DEFINE_integer("step", None, "The checkpoint step of a training workdir "
-                             "to evaluate (default: the newest).")
+_STEP = cli.STEP
 _COMPARE = flags.DEFINE_list("compare", [], "Workdirs (or report.json files) to "
                              "put side by side instead of evaluating.")
 _TRANSCRIPTS = flags.DEFINE_integer("transcripts", 0, "Print this many example "

@@ -32,7 +32,7 @@ from paraagent_jax import tokenizer as tok_lib
 from paraagent_jax.models import hf_io
 
 PROG = "paraagent_jax.export_hf"
-_STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default latest).")
+_STEP = cli.STEP
 _OUT = flags.DEFINE_string("out", None, "Output HF directory.")
 _PUSH = flags.DEFINE_string("push_to_hub", None, "Hub repo id (user/repo).")
 _MAX_SHARD = flags.DEFINE_integer("max_shard_bytes", 2 * 1024 ** 3,
