@@ -108,3 +108,15 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
     evaluate.run(small_config(), str(tmp_path), checkpoint=str(tmp_path / "missing"))
   with pytest.raises(config_utils.ConfigError, match="benchmarks"):
     evaluate.run(small_config(benchmarks="nope"), str(tmp_path))
+
+
+def test_evaluate_sees_observations_as_the_demo_rl_does():
+  """`evaluate` and the demo's RL evaluation cut observations at the same length.
+
+  At 256 (the old default) the second search's results of many parallel tasks
+  were cut, and the shipped SFT policy scored 3 points lower under `evaluate`
+  than under the RL stage's evaluation of the same tasks.
+  """
+  ev = config_utils.load_config("configs/evaluate.py")
+  demo = config_utils.load_config("configs/demo.py")
+  assert ev.rollout.max_obs_tokens == demo.rl.max_obs_tokens == 640
