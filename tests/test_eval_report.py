@@ -232,3 +232,17 @@ def test_replayed_diagnosis_equals_the_live_one():
   recs[0]["success"] = False
   with pytest.raises(ValueError, match="replayed success"):
     causes.replay_diagnosis(recs[:1], cat, tasks, strat.parse_step)
+
+
+def test_causes_cli_help_and_bad_path(tmp_path, capsys):
+  """`python -m paraagent_jax.evaluation.causes --help` prints the usage (exit 0),
+  a missing file one line on stderr (exit 1), not a traceback."""
+  from paraagent_jax.evaluation import causes
+  assert causes.main(["--help"]) == 0
+  assert "python -m paraagent_jax.evaluation.causes" in capsys.readouterr().out
+  assert causes.main([]) == 2
+  capsys.readouterr()
+  missing = str(tmp_path / "nope.jsonl")
+  assert causes.main([missing]) == 1
+  err = capsys.readouterr().err
+  assert missing in err and "cannot read records" in err

@@ -5,7 +5,6 @@ import os
 import pytest
 
 from paraagent_jax.evaluation import suite
-from paraagent_jax.evaluation import greedy
 from paraagent_jax import config_utils
 from paraagent_jax import evaluate
 from paraagent_jax.evaluation import runner
@@ -93,7 +92,7 @@ def test_interrupted_evaluation_resumes_to_the_same_records(oracle_run, tmp_path
   fmt_for = lambda s: chat_format.ChatFormat(tok, strategy=s)
   out = runner.run_toolenv(lambda s: policies.OraclePolicy(fmt_for(s), strategy=s), fmt_for,
                            cat, tasks, strategy="paraact", policy_name="oracle",
-                           workdir=str(tmp_path), rollout_config=greedy.rollout_config(c.rollout),
+                           workdir=str(tmp_path), rollout_config=suite.rollout_limits(c),
                            batch_size=4, benchmark="toolenv-procedural", log=logs.append)
   assert "3 recorded, 7 to go" in logs[0]
   key = lambda r: (r["task_id"], r["success"], r["turns"], r["calls"])

@@ -229,11 +229,15 @@ def _read(path: str) -> list[dict[str, Any]]:
 
 
 def main(argv: Sequence[str]) -> int:
-  if not argv:
+  if not argv or argv[0] in ("-h", "--help"):
     print(__doc__)
-    return 2
+    return 0 if argv else 2
   for path in argv:
-    recs = _read(path)
+    try:
+      recs = _read(path)
+    except (OSError, json.JSONDecodeError) as e:
+      print(f"{path}: cannot read records: {e}", file=sys.stderr)
+      return 1
     print(f"{path}: {len(recs)} records, {sum(bool(r.get('success')) for r in recs)} solved")
     lines = cause_table(recs)
     if not lines:

@@ -61,6 +61,18 @@ def text_policy_tokenizer(workdir: str = ""):
   return tok
 
 
+def rollout_limits(config):
+  """The rollout limits `run` uses for ``config.policy``: ``config.rollout``,
+  with ``max_len`` raised to ``config.text_max_len`` for the text-level
+  policies (oracle, api), which hold no KV cache: their context is the
+  endpoint's, and BFCL's closed prompts (tens of function docs) or a mixed
+  task's whole observations outgrow a demo model's budget."""
+  rcfg = greedy.rollout_config(config.rollout)
+  if config.policy in ("oracle", "api"):
+    rcfg = dataclasses.replace(rcfg, max_len=max(rcfg.max_len, config.text_max_len))
+  return rcfg
+
+
 def policy_tokenizer(config, checkpoint: str, workdir: str = ""):
   """The policy's tokenizer: config, checkpoint dir, or a small BPE for the oracle."""
   cands = [config.tokenizer]
@@ -111,11 +123,7 @@ def run(config, workdir: str, checkpoint: str = "", transcripts: int = 0,
                                 if checkpoint else config.policy)
   if step is not None and not config.policy_name:
     name += f"@{step}"
-  rcfg = greedy.rollout_config(config.rollout)
-  if config.policy in ("oracle", "api"):
-    # Text-level policies hold no KV cache: their context is the endpoint's,
-    # and BFCL's closed prompts (tens of function docs) outgrow a demo budget.
-    rcfg = dataclasses.replace(rcfg, max_len=max(rcfg.max_len, config.text_max_len))
+  rcfg = rollout_limits(config)
 
   def fmt_for(strategy):
     return chat_format.ChatFormat(tok, strategy=strategy)
