@@ -1,4 +1,4 @@
-"""The shipped SFT policy (`pretrained/demo_sft`): intact, loadable, checked.
+"""The shipped policies (`pretrained/demo_sft`, `pretrained/demo_rl`): intact, loadable, checked.
 
 It is the start of the README's run command, so a damaged file must stop the
 run with one line, and the directory must be what the demo config expects.
@@ -119,3 +119,31 @@ def test_smoke_run_rl_updates_and_reports_spread(tmp_path):
             if "train/loss" in r]
   assert row["train/rollout/traj_spread_groups"] > 0, row
   assert row["train/dropped_episode_frac"] < 1.0 and row["train/grad_norm"] > 0, row
+
+
+SHIPPED_RL = os.path.join(ROOT, "pretrained", "demo_rl")
+
+
+def test_shipped_rl_policy_is_intact_is_demo_sft_after_rl_and_matches_transformers():
+  """`pretrained/demo_rl`: checksums hold, the architecture and tokenizer are
+  demo_sft's, the weights moved (it is the RL stage's output, not a copy), and
+  transformers computes the same logits."""
+  assert checksums.verify_checksums(SHIPPED_RL, required=True)
+  readme = open(os.path.join(SHIPPED_RL, "README.md")).read()
+  for needed in ("python -m paraagent_jax.train", "Wall time", "held-out", "SHA256SUMS",
+                 "python -m paraagent_jax.evaluate"):
+    assert needed in readme
+  rl, sft = hf_io.load_hf(SHIPPED_RL), hf_io.load_hf(SHIPPED)
+  assert rl.config == sft.config
+  for f in ("tokenizer.json", "chat_template.jinja"):
+    assert open(os.path.join(SHIPPED_RL, f)).read() == open(os.path.join(SHIPPED, f)).read()
+  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+  w_rl, w_sft = (load_file(os.path.join(d, "model.safetensors")) for d in (SHIPPED_RL, SHIPPED))
+  assert w_rl.keys() == w_sft.keys()
+  assert max(float(np.abs(w_rl[k] - w_sft[k]).max()) for k in w_rl) > 1e-4
+  ids = [[5, 17, 300, 42, 7, 1000, 12]]
+  ours = np.asarray(rl(np.asarray(ids)))
+  hf = transformers.AutoModelForCausalLM.from_pretrained(SHIPPED_RL, dtype=torch.float32)
+  with torch.no_grad():
+    theirs = hf(torch.tensor(ids)).logits.numpy()
+  np.testing.assert_allclose(ours, theirs, atol=2e-4, rtol=1e-4)
