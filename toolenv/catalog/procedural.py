@@ -27,7 +27,6 @@ import random
 from typing import Any
 
 from toolenv.catalog import vocab
-from toolenv.catalog.registry import register_builder
 from toolenv.catalog.store import Catalog
 from toolenv.schema import Tool
 
@@ -291,6 +290,3 @@ def build_catalog(seed: int = 0, size: int = DEFAULT_SIZE) -> Catalog:
   return Catalog(tools[:size], name="procedural",
                  info={"builder": "procedural", "seed": seed, "size": size,
                        "version": CATALOG_VERSION})
-
-
-register_builder("procedural", build_catalog, version=CATALOG_VERSION)

@@ -16,7 +16,9 @@ Bump ``version`` whenever the builder's output changes: it is part of the
 cache key, so stale caches are never read.
 
 `load_catalog` finds builder modules with ``importlib`` (a plug-in lookup by
-name), so this module imports no builder statically: builders import it.
+name), so this module imports no builder, and the built-in builders
+(``procedural``) define ``build_catalog`` and import nothing of it: no import
+circle.
 """
 
 from __future__ import annotations
@@ -77,12 +79,13 @@ def cache_dir() -> str:
 
 
 def _ensure_defaults() -> None:
+  # The default catalog is found like any plug-in (its module defines
+  # `build_catalog` and `CATALOG_VERSION` and imports nothing of this one).
   if "procedural" not in _BUILDERS:
-    importlib.import_module("toolenv.catalog.procedural")
+    _find("procedural")
 
 
 def _find(name: str) -> _Builder:
-  _ensure_defaults()
   if name in _BUILDERS:
     return _BUILDERS[name]
   if not name.isidentifier():
@@ -91,7 +94,7 @@ def _find(name: str) -> _Builder:
     mod = importlib.import_module(f"toolenv.catalog.{name}")
   except ModuleNotFoundError as e:
     raise KeyError(f"Unknown catalog {name!r}; registered: "
-                   f"{sorted(_BUILDERS)}") from e
+                   f"{registered_builders()}") from e
   if name not in _BUILDERS and hasattr(mod, "build_catalog"):
     register_builder(name, mod.build_catalog,
                      version=str(getattr(mod, "CATALOG_VERSION", "1")))
