@@ -49,10 +49,7 @@ def run_oracle(cat, tasks, strategy: str) -> list[dict]:
       break
     env.step(steps)
     t += 1
-  out = [env.rewards(i) for i in range(len(tasks))]
-  for parts, plan in zip(out, plans):
-    parts["plan_len"] = len(plan)
-  return out
+  return [dict(env.rewards(i).asdict(), plan_len=len(plan)) for i, plan in enumerate(plans)]
 
 
 def main(argv=None) -> int:

@@ -63,7 +63,7 @@ def test_json_answers_echo_the_observation_and_succeed(cat):
       assert item in seen, (task.id, item)
     assert rw.answer_correct([a["value"] for a in task.answers], answer)
     env.step(Step("answer", answer=answer))
-    assert env.rewards()["success"], task.id
+    assert env.rewards().success, task.id
 
 
 def test_demo_config_answers_in_json_style(cat):

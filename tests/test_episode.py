@@ -8,6 +8,7 @@ import pytest
 from paraagent_jax.learner import batch as batch_lib
 from paraagent_jax.paraact import episode as ep
 from toolenv import rewards as rw
+from toolenv.schema import EpisodeRewards
 
 _CODE = {"explore": batch_lib.PHASE_EXPLORE, "execute": batch_lib.PHASE_EXECUTE}
 
@@ -59,6 +60,11 @@ def test_segments_match_env_reference(phases):
         assert segs[s] == ref[s]
 
 
+def _rewards(step, phase, trajectory=0.0):
+  return EpisodeRewards(step=step, phase=phase, trajectory=trajectory, success=False,
+                        turns=len(step), truncated=False, completed=0, nodes=1)
+
+
 def test_pack_hand_worked():
   buf = ep.EpisodeBuffer()
   buf.add_context([5, 6, 7])
@@ -69,8 +75,8 @@ def test_pack_hand_worked():
   buf.add_policy([12], [-1.0], [batch_lib.KIND_ACTION], s, g)
   s, g = buf.begin_step("answer")
   buf.add_policy([13, 14], [-2.0, -3.0], [batch_lib.KIND_ANSWER, batch_lib.KIND_ANSWER], s, g)
-  rew = {"step": [0.4, 0.2, 0.1], "phase": [("explore", 0.5), ("execute", 1.0)],
-         "trajectory": 1.05}
+  rew = _rewards(step=(0.4, 0.2, 0.1), phase=(("explore", 0.5), ("execute", 1.0)),
+                 trajectory=1.05)
   out = ep.pack_episodes([buf], [rew], [0], max_len=12, max_steps=4, max_phases=3, pad_id=1)
   np.testing.assert_array_equal(out["tokens"][0], [5, 6, 7, 10, 11, 8, 12, 13, 14, 1, 1, 1])
   np.testing.assert_array_equal(out["loss_mask"][0], [0, 0, 0, 1, 1, 0, 1, 1, 1, 0, 0, 0])
@@ -94,7 +100,7 @@ def test_pack_rejects_misaligned_phases():
   s, g = buf.begin_step("explore")
   buf.add_policy([1], [0.0], [0], s, g)
   with pytest.raises(ValueError, match="phase segments differ"):
-    ep.pack_episodes([buf], [{"step": [0.1], "phase": [("execute", 0.0)]}], [0],
+    ep.pack_episodes([buf], [_rewards(step=(0.1,), phase=(("execute", 0.0),))], [0],
                      max_len=4, max_steps=2, max_phases=2)
 
 

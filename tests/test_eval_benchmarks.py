@@ -116,10 +116,10 @@ def test_stabletoolbench_metrics_on_hand_made_episodes():
   got, rew = _episode(sets, "G1-101", [call_w, call_a, Step("answer", answer=good)])
   assert got == {"success": True, "api_recall": 1.0, "found_recall": 1.0, "finished": True,
                  "missing_apis": 0}
-  assert rew["trajectory"] > 1.0
+  assert rew.trajectory > 1.0
   # 2. one API only: recall 1/2, no pass.
   got, rew = _episode(sets, "G1-101", [call_w, Step("answer", answer=good)])
-  assert got["api_recall"] == 0.5 and not got["success"] and rew["trajectory"] == 0.0
+  assert got["api_recall"] == 0.5 and not got["success"] and rew.trajectory == 0.0
   # 3. both called, but the answer makes up the air quality: not grounded.
   made_up = f"{w['sky']}, {w['temperature']} C; air quality index 987654."
   got, _ = _episode(sets, "G1-101", [call_w, call_a, Step("answer", answer=made_up)])

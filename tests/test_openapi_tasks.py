@@ -157,9 +157,9 @@ def test_oracle_succeeds_on_every_task_and_strategy(cat, tasks):
     for strategy in oracle.STRATEGIES:
       sub = tasks[s] if strategy == "paraact" else tasks[s][:50]
       parts, _ = run_oracle(cat, sub, strategy)
-      failed = [t.id for t, p in zip(sub, parts) if not p["success"]]
+      failed = [t.id for t, p in zip(sub, parts) if not p.success]
       assert not failed, (s, strategy, failed[:5])
-      assert all(p["completed"] == p["nodes"] and not p["truncated"] for p in parts)
+      assert all(p.completed == p.nodes and not p.truncated for p in parts)
 
 
 def test_chain_argument_is_read_from_the_observed_response(cat, gen):
@@ -220,7 +220,7 @@ def test_built_catalog_oracle_sample(tmp_path_factory):
   for s in SPLITS:
     sample = gen.generate(40, split=s)
     parts, _ = run_oracle(cat, sample, "paraact")
-    assert all(p["success"] and p["completed"] == p["nodes"] for p in parts), s
+    assert all(p.success and p.completed == p.nodes for p in parts), s
 
 
 def test_ranges_in_order_and_shared_arguments_kept(gen):

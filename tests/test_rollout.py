@@ -54,7 +54,7 @@ def _check_env_alignment(env, result):
     assert len(log_phases) == len(buf.step_phases)
     runs = rw.segments(log_phases)
     assert [ep.PHASE_CODES[r[0]] for r in runs] == buf.segment_types
-    assert [p for p, _ in env.rewards(i)["phase"]] == [r[0] for r in runs]
+    assert [p for p, _ in env.rewards(i).phase] == [r[0] for r in runs]
 
 
 @pytest.mark.parametrize("strat", toolenv.oracle.STRATEGIES)
@@ -216,6 +216,6 @@ def test_token_budget_truncates_and_finishes_env(catalog, gen, tok):
   for i, buf in enumerate(res.buffers):
     if not buf.done:
       assert buf.truncated and res.arrays["truncated"][i]
-      assert env.envs[i].done and env.rewards(i)["truncated"]
+      assert env.envs[i].done and env.rewards(i).truncated
     assert len(buf) <= max_len
   assert res.arrays["truncated"].any()

@@ -52,10 +52,7 @@ def run_oracle(cat, tasks, strategy):
       break
     env.step(steps)
     t += 1
-  out = [env.rewards(i) for i in range(len(tasks))]
-  for parts, plan in zip(out, plans):
-    parts["plan_len"] = len(plan)
-  return out
+  return [dict(env.rewards(i).asdict(), plan_len=len(plan)) for i, plan in enumerate(plans)]
 
 
 def _random_step(rng, cat, task):
@@ -92,9 +89,9 @@ def run_digest(cat, gen, n=60):
       for res in env.step(steps):
         if res is not None:
           h_obs.update(res.observation.encode())
-          h_obs.update(repr(round(res.info["step_reward"], 9)).encode())
+          h_obs.update(repr(round(res.reward, 9)).encode())
     for i in range(len(tasks)):
-      h_obs.update(json.dumps(env.rewards(i), sort_keys=True, default=str).encode())
+      h_obs.update(json.dumps(env.rewards(i).asdict(), sort_keys=True).encode())
   return h_tasks.hexdigest(), h_obs.hexdigest()
 
 

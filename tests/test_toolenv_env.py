@@ -138,12 +138,12 @@ def test_hand_worked_episode_rewards(gen, cat):
   assert [r.done for r in results] == [False] * 6 + [True]
   assert "phase_violation" in results[3].observation
   r = env.rewards()
-  assert r["step"] == pytest.approx([0.8, 0.25, -0.1, -0.2, 0.45, 0.05, 0.1])
+  assert r.step == pytest.approx([0.8, 0.25, -0.1, -0.2, 0.45, 0.05, 0.1])
   # explore: both needed tools found in one step -> 1.0; execute: the one
   # ready node done, 2 levels over 5 steps -> 0.4.
-  assert r["phase"] == [("explore", pytest.approx(1.0)), ("execute", pytest.approx(0.4))]
+  assert r.phase == (("explore", pytest.approx(1.0)), ("execute", pytest.approx(0.4)))
   assert task.max_turns == 10
-  assert r["success"] and r["trajectory"] == pytest.approx(1 + 0.1 * (1 - 7 / 10))
+  assert r.success and r.trajectory == pytest.approx(1 + 0.1 * (1 - 7 / 10))
 
 
 def test_parallel_execution_is_worth_more_than_serial(gen, cat):
@@ -156,13 +156,13 @@ def test_parallel_execution_is_worth_more_than_serial(gen, cat):
     env.step(Step("execute", [c]))
   env.step(Step("answer", answer="nothing useful"))
   r = env.rewards()
-  assert r["phase"] == [("execute", pytest.approx(1 / k))]
-  assert not r["success"] and r["trajectory"] == 0.0
+  assert r.phase == (("execute", pytest.approx(1 / k)),)
+  assert not r.success and r.trajectory == 0.0
   env.reset(task)
   env.step(Step("execute", calls))
   env.step(Step("answer", answer=" ".join(a["value"] for a in task.answers)))
   r = env.rewards()
-  assert r["phase"] == [("execute", pytest.approx(1.0))] and r["success"]
+  assert r.phase == (("execute", pytest.approx(1.0)),) and r.success
 
 
 def test_write_task_needs_the_gold_state(gen, cat):
@@ -173,11 +173,11 @@ def test_write_task_needs_the_gold_state(gen, cat):
   gold_answer = toolenv.oracle.answer_text(task)
   env.reset(task)
   env.step(Step("answer", answer=gold_answer))   # right words, no write done
-  assert not env.rewards()["success"]
+  assert not env.rewards().success
   env.reset(task)
   for s in toolenv.oracle.solve(task, "paraact"):
     env.step(s)
-  assert env.rewards()["success"]
+  assert env.rewards().success
 
 
 def test_malformed_steps_and_after_done(gen, cat):
@@ -187,10 +187,10 @@ def test_malformed_steps_and_after_done(gen, cat):
   for bad in (None, "text", Step("dance"), Step("execute", []),
               Step("explore", parse_error="unterminated JSON"), Step("answer", answer=3)):
     res = env.step(bad)
-    assert res.observation.startswith("error") and res.info["step_reward"] == -0.5
+    assert res.observation.startswith("error") and res.reward == -0.5
   env.step(Step("answer", answer="x"))
   res = env.step(Step("execute", [Call("a", {})]))
-  assert res.done and "over" in res.observation and res.info["step_reward"] < 0
+  assert res.done and "over" in res.observation and res.reward < 0
 
 
 def test_turn_budget_truncates(gen, cat):
@@ -199,7 +199,7 @@ def test_turn_budget_truncates(gen, cat):
   env.reset(task)
   for _ in range(task.max_turns):
     res = env.step(Step("explore", [Call("search_tools", {"query": "weather"})]))
-  assert res.done and env.rewards()["truncated"] and not env.rewards()["success"]
+  assert res.done and env.rewards().truncated and not env.rewards().success
 
 
 def test_vector_env_none_steps_and_finish(gen, cat):
@@ -211,7 +211,7 @@ def test_vector_env_none_steps_and_finish(gen, cat):
   out = venv.step([plans[0][0], None, plans[2][0]])
   assert out[1] is None and out[0] is not None
   venv.finish([1])
-  assert venv.done[1] and venv.rewards(1)["truncated"]
+  assert venv.done[1] and venv.rewards(1).truncated
   with pytest.raises(ValueError):
     venv.step([None])
 
@@ -301,3 +301,35 @@ def test_list_items_of_a_schema_response_differ():
   assert len(ids) == 3 and len(set(ids)) == 3, ids
   assert out == ex.gen_from_schema(sch, values.Draw(0, "tool{}"))
   assert out != ex.gen_from_schema(sch, values.Draw(0, "tool{\"a\":1}"))
+
+
+def test_step_results_and_episode_rewards_are_typed(gen, cat):
+  """StepResult is gymnasium's (observation, reward, terminated, truncated,
+  info): an answer terminates, the turn budget truncates, and the reward is a
+  field, not an ``info`` key. EpisodeRewards is frozen."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  task = gen.generate(1, split="train", kinds=("single",))[0]
+  env = toolenv.ToolEnv(cat)
+  env.reset(task)
+  results = [env.step(s) for s in toolenv.oracle.solve(task)]
+  last = results[-1]
+  assert last.terminated and not last.truncated and last.done
+  assert not any(r.done for r in results[:-1])
+  assert all("step_reward" not in r.info for r in results)
+  rew = env.rewards()
+  assert list(rew.step) == [r.reward for r in results]
+  assert rew.success and not rew.truncated and rew.turns == len(results)
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    rew.success = False
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    last.reward = 0.0
+  assert json.loads(json.dumps(rew.asdict()))["phase"] == [list(p) for p in rew.phase]
+  after = env.step(Step("answer", answer="again"))
+  assert after.terminated and not after.truncated and after.reward < 0
+  # The turn budget: truncated, not terminated, and so are steps after it.
+  env.reset(task)
+  for _ in range(task.max_turns):
+    res = env.step(Step("explore", [Call("search_tools", {"query": "weather"})]))
+  assert res.truncated and not res.terminated and res.done
+  after = env.step(Step("answer", answer="late"))
+  assert after.truncated and not after.terminated and after.info["error"] == "after_done"

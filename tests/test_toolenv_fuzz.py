@@ -153,7 +153,7 @@ def _check(res, step, where):
   assert isinstance(res, StepResult), where
   assert isinstance(res.observation, str) and "error" in res.observation.lower(), (
       where, res.observation[:300])
-  assert res.info["step_reward"] < 0, (where, step, res.info)
+  assert res.reward < 0, (where, step, res.info)
   assert "internal_error" not in res.info, (where, step, res.info)
   statuses = res.info.get("statuses") or []
   # A step that ran its calls: every call must have failed.
@@ -189,9 +189,9 @@ def test_malformed_steps_never_raise(cat, tasks):
       count["steps"] += 1
     for i in range(NUM_ENVS):
       parts = venv.rewards(i)
-      assert parts["success"] is False and parts["trajectory"] == 0.0
-      assert len(parts["step"]) == ROUNDS + 1          # after-done steps are not logged
-      assert all(r < 0 for r in parts["step"][:ROUNDS])
+      assert parts.success is False and parts.trajectory == 0.0
+      assert len(parts.step) == ROUNDS + 1          # after-done steps are not logged
+      assert all(r < 0 for r in parts.step[:ROUNDS])
     # The single-episode env too (a turn budget may end it: still errors).
     single.reset(batch[0])
     for s in rounds[0] + after:
@@ -206,7 +206,7 @@ def test_malformed_steps_never_raise(cat, tasks):
 def test_step_before_reset_is_an_error(cat):
   env = toolenv.ToolEnv(cat)
   res = env.step(Step(phase="explore", calls=[Call(SEARCH_TOOLS, {"query": "weather"})]))
-  assert res.done and res.observation.startswith("error") and res.info["step_reward"] < 0
+  assert res.done and res.observation.startswith("error") and res.reward < 0
 
 
 def test_fuzzer_would_see_a_valid_step(cat, tasks):
@@ -215,7 +215,7 @@ def test_fuzzer_would_see_a_valid_step(cat, tasks):
   env.reset(tasks[0])
   node = tasks[0].nodes[0]
   res = env.step(Step(phase="execute", calls=[Call(node["tool"], dict(node["arguments"]))]))
-  assert "error" not in res.observation.lower() and res.info["step_reward"] > 0
+  assert "error" not in res.observation.lower() and res.reward > 0
 
 
 def test_mixed_key_arguments_are_an_error_not_a_crash(cat):

@@ -23,7 +23,7 @@ never the reverse. Modules, from the top down (each imports only ones below):
     validation                  argument checks, structured errors, call keys
     values                      canonical JSON, hashes, values drawn from schemas
     catalog/                    catalogs, their builders and cache
-    schema                      `Tool`, `Call`, `Step`, `StepResult`
+    schema                      `Tool`, `Call`, `Step`, `StepResult`, `EpisodeRewards`
 
 (``a | b``: neither imports the other.)
 """
@@ -33,11 +33,11 @@ from toolenv.catalog import Catalog, load_catalog, register_builder
 from toolenv.env import ToolEnv, VectorToolEnv
 from toolenv.executor import Executor
 from toolenv.rewards import RewardConfig
-from toolenv.schema import Call, Step, StepResult, Tool
+from toolenv.schema import Call, EpisodeRewards, Step, StepResult, Tool
 from toolenv.search import SearchIndex
 from toolenv.tasks import KINDS, MULTI_TOOL_KINDS, Task, TaskGenerator
 
 __all__ = ["Catalog", "load_catalog", "register_builder", "Call", "Step",
-           "StepResult", "Tool", "SearchIndex", "Executor", "ToolEnv",
+           "StepResult", "EpisodeRewards", "Tool", "SearchIndex", "Executor", "ToolEnv",
            "VectorToolEnv", "RewardConfig", "Task", "TaskGenerator", "KINDS",
            "MULTI_TOOL_KINDS", "diagnosis", "oracle", "rewards"]

@@ -18,6 +18,7 @@ from typing import Any, Sequence
 
 import toolenv
 from toolenv import oracle
+from toolenv.schema import EpisodeRewards
 from toolenv.tasks import KINDS, SPLITS
 
 
@@ -43,7 +44,7 @@ def print_task(task: toolenv.Task) -> None:
       f"{a['label']} = {a['value']}" for a in task.answers))
 
 
-def run_episode(catalog, task: toolenv.Task, strategy: str = "paraact") -> dict[str, Any]:
+def run_episode(catalog, task: toolenv.Task, strategy: str = "paraact") -> EpisodeRewards:
   """Plays the oracle for ``task`` step by step, printing each; returns the rewards."""
   env = toolenv.VectorToolEnv(catalog, num_envs=1, **oracle.env_options(strategy))
   print(f"\nEpisode ({strategy} oracle)")
@@ -58,18 +59,18 @@ def run_episode(catalog, task: toolenv.Task, strategy: str = "paraact") -> dict[
     for call in step.calls:
       print(f"  call: {call.name}({_args_text(call.arguments)})")
     print(f"  observation:\n{_indent(res.observation)}")
-    print(f"  step reward: {res.info['step_reward']:+.3f}")
+    print(f"  step reward: {res.reward:+.3f}")
   return env.rewards(0)
 
 
-def print_rewards(parts: dict[str, Any]) -> None:
+def print_rewards(parts: EpisodeRewards) -> None:
   """Writes the reward parts at the three levels."""
   print("\nRewards")
-  print("  step:       [" + ", ".join(f"{r:+.3f}" for r in parts["step"]) + "]")
-  print("  phase:      " + ", ".join(f"{p} {r:.3f}" for p, r in parts["phase"]))
-  print(f"  trajectory: {parts['trajectory']:.4f}")
-  print(f"  success:    {parts['success']}  ({parts['turns']} turns, "
-        f"{parts['completed']}/{parts['nodes']} gold nodes completed)")
+  print("  step:       [" + ", ".join(f"{r:+.3f}" for r in parts.step) + "]")
+  print("  phase:      " + ", ".join(f"{p} {r:.3f}" for p, r in parts.phase))
+  print(f"  trajectory: {parts.trajectory:.4f}")
+  print(f"  success:    {parts.success}  ({parts.turns} turns, "
+        f"{parts.completed}/{parts.nodes} gold nodes completed)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -87,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   print_task(task)
   parts = run_episode(cat, task, a.strategy)
   print_rewards(parts)
-  return 0 if parts["success"] else 1
+  return 0 if parts.success else 1
 
 
 if __name__ == "__main__":

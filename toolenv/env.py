@@ -24,7 +24,7 @@ from typing import Any, Sequence
 from toolenv import diagnosis as diag_lib
 from toolenv import rewards as rw
 from toolenv.executor import Executor, state_key
-from toolenv.schema import META_TOOLS, SEARCH_TOOLS, Call, Step, StepResult
+from toolenv.schema import META_TOOLS, SEARCH_TOOLS, Call, EpisodeRewards, Step, StepResult
 from toolenv.search import SearchIndex, get_tool_doc, param_signature
 from toolenv.tasks import Task
 from toolenv.validation import canonical_call, error, is_error, with_defaults
@@ -97,36 +97,38 @@ class ToolEnv:
   def step(self, step: Any) -> StepResult:
     """Runs one step; never raises on what the step contains."""
     if self.task is None:
-      return StepResult("error: call reset(task) first", True,
-                        {"step_reward": -self.config.after_done, "error": "no_episode"})
+      return StepResult("error: call reset(task) first", -self.config.after_done,
+                        terminated=True, info={"error": "no_episode"})
     if self.done:
-      return StepResult("error: the episode is over; no more steps are accepted", True,
-                        {"step_reward": -self.config.after_done, "error": "after_done"})
+      return StepResult("error: the episode is over; no more steps are accepted",
+                        -self.config.after_done, terminated=not self.truncated,
+                        truncated=self.truncated, info={"error": "after_done"})
     try:
-      obs, info = self._step(step)
+      obs, reward, info = self._step(step)
     except Exception as e:  # pylint: disable=broad-except
       # Last line of defence: the env must never crash a rollout. Tests check
       # that this never happens on model output.
       obs = "error: the environment could not process this step"
-      info = {"step_reward": -self.config.malformed, "internal_error": repr(e)[:200],
-              "phase": None, "statuses": [], "useful": 0}
-      self._record(None, info, set(), set())
+      reward = -self.config.malformed
+      info = {"internal_error": repr(e)[:200], "phase": None, "statuses": [], "useful": 0}
+      self._record(None, reward, set(), set())
     self.turns += 1
     if not self.done and self.turns >= self.task.max_turns:
       self.done = self.truncated = True
       obs += "\n(turn budget spent: the episode is over)"
-    return StepResult(obs, self.done, info)
+    return StepResult(obs, reward, terminated=self.done and not self.truncated,
+                      truncated=self.truncated, info=info)
 
-  def _record(self, phase, info, found, completed_now, calls=()) -> None:
+  def _record(self, phase, reward, found, completed_now, calls=()) -> None:
     """One step of the log: its phase (None if malformed), reward, the needed
     tools it first showed, the gold nodes it completed and, per call, the name,
     status, error code, completed node and needed tools shown
     (`toolenv.diagnosis` reads them)."""
-    self.log.append({"phase": phase, "reward": info["step_reward"], "found": found,
+    self.log.append({"phase": phase, "reward": reward, "found": found,
                      "completed": completed_now, "malformed": phase is None,
                      "calls": list(calls)})
 
-  def _step(self, step: Any) -> tuple[str, dict[str, Any]]:
+  def _step(self, step: Any) -> tuple[str, float, dict[str, Any]]:
     c = self.config
     problem = None
     if not isinstance(step, Step):
@@ -140,16 +142,15 @@ class ToolEnv:
     elif step.phase != "answer" and (not isinstance(step.calls, (list, tuple)) or not step.calls):
       problem = "an explore or execute step needs at least one call"
     if problem is not None:
-      info = {"step_reward": -c.malformed, "error": "malformed", "phase": None,
-              "statuses": [], "useful": 0}
-      self._record(None, info, set(), set())
-      return f"error: {problem}", info
+      info = {"error": "malformed", "phase": None, "statuses": [], "useful": 0}
+      self._record(None, -c.malformed, set(), set())
+      return f"error: {problem}", -c.malformed, info
     if step.phase == "answer":
       self.answer = step.answer
       self.done = True
-      info = {"step_reward": c.format, "phase": "answer", "statuses": [], "useful": 0}
-      self._record("answer", info, set(), set())
-      return "Answer received.", info
+      info = {"phase": "answer", "statuses": [], "useful": 0}
+      self._record("answer", c.format, set(), set())
+      return "Answer received.", c.format, info
     blocks, statuses, found, done_nodes, calls = [], [], set(), set(), []
     for i, call in enumerate(step.calls):
       text, status, f, n, code = self._call(step.phase, i, call)
@@ -162,9 +163,9 @@ class ToolEnv:
       done_nodes |= n
     useful = len(found) + len(done_nodes)
     r = rw.step_reward(c, well_formed=True, statuses=statuses, useful=useful)
-    info = {"step_reward": r, "phase": step.phase, "statuses": statuses, "useful": useful}
-    self._record(step.phase, info, found, done_nodes, calls)
-    return "\n".join(blocks), info
+    info = {"phase": step.phase, "statuses": statuses, "useful": useful}
+    self._record(step.phase, r, found, done_nodes, calls)
+    return "\n".join(blocks), r, info
 
   def _call(self, phase: str, i: int, call: Any):
     """One call: (observation text, status, gold tools found, nodes completed,
@@ -253,7 +254,7 @@ class ToolEnv:
       ok = state_key(self.state) == self.task.gold_state
     return ok
 
-  def rewards(self) -> dict[str, Any]:
+  def rewards(self) -> EpisodeRewards:
     """Step rewards, phase segments ``(type, reward)``, trajectory reward."""
     task = self.task
     if task is None:
@@ -289,11 +290,11 @@ class ToolEnv:
         phase_out.append((cur["phase"], r))
         cur = None
     success = self.success
-    return {"step": [e["reward"] for e in self.log], "phase": phase_out,
-            "trajectory": rw.trajectory_reward(self.config, success, self.turns,
-                                               task.max_turns),
-            "success": success, "turns": self.turns, "truncated": self.truncated,
-            "completed": len(self.completed), "nodes": len(task.nodes)}
+    return EpisodeRewards(
+        step=tuple(e["reward"] for e in self.log), phase=tuple(phase_out),
+        trajectory=rw.trajectory_reward(self.config, success, self.turns, task.max_turns),
+        success=success, turns=self.turns, truncated=self.truncated,
+        completed=len(self.completed), nodes=len(task.nodes))
 
 
   def diagnosis(self, strategy: str | None = "paraact") -> dict[str, Any]:
@@ -363,7 +364,7 @@ class VectorToolEnv:
   def done(self) -> list[bool]:
     return [e.done for e in self.envs]
 
-  def rewards(self, i: int) -> dict[str, Any]:
+  def rewards(self, i: int) -> EpisodeRewards:
     """Reward parts of episode ``i``."""
     return self.envs[i].rewards()
 

@@ -125,16 +125,59 @@ class Step:
   parse_error: str | None = None
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class StepResult:
-  """What the environment returns for one episode's step.
+  """What the environment returns for one episode's step (gymnasium's shape).
 
   Attributes:
     observation: text the agent reads next (one block per call).
-    done: whether the episode has ended (answer given or budget spent).
-    info: structured details (per-call status, step reward, errors, ...).
+    reward: the step's reward (`toolenv.rewards.step_reward`; a penalty for a
+      malformed step or a step after the episode ended).
+    terminated: the episode ended by an answer.
+    truncated: the episode ended by the task's turn budget (or from outside,
+      `ToolEnv.finish`).
+    info: structured details: ``phase`` (the phase the env recorded, None for
+      a malformed step), per-call ``statuses``, ``useful``, ``error``.
   """
 
   observation: str
-  done: bool
+  reward: float
+  terminated: bool
+  truncated: bool = False
   info: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+  @property
+  def done(self) -> bool:
+    """No more steps are accepted: ``terminated or truncated``."""
+    return self.terminated or self.truncated
+
+
+@dataclasses.dataclass(frozen=True)
+class EpisodeRewards:
+  """An episode's rewards at the three levels, and its outcome.
+
+  Attributes:
+    step: one reward per logged step (steps after the end are not logged).
+    phase: ``(phase_type, reward)`` per maximal explore / execute run
+      (`toolenv.rewards.segments`), in order.
+    trajectory: `toolenv.rewards.trajectory_reward` of the outcome.
+    success: the answer (and, for write tasks, the final state) is right.
+    turns: steps taken.
+    truncated: ended by the turn budget or from outside, not by an answer.
+    completed: gold nodes completed; nodes: gold nodes of the task.
+  """
+
+  step: tuple[float, ...]
+  phase: tuple[tuple[str, float], ...]
+  trajectory: float
+  success: bool
+  turns: int
+  truncated: bool
+  completed: int
+  nodes: int
+
+  def asdict(self) -> dict[str, Any]:
+    """A JSON-ready dict (tuples as lists)."""
+    return {"step": list(self.step), "phase": [list(p) for p in self.phase],
+            "trajectory": self.trajectory, "success": self.success, "turns": self.turns,
+            "truncated": self.truncated, "completed": self.completed, "nodes": self.nodes}

@@ -235,7 +235,7 @@ class Orchestrator:
     for i, rec in enumerate(records):
       rw = self.env.rewards(i)
       acts = [s for s in rec["steps"] if s.phase != "answer"]
-      rec.update(success=bool(rw["success"]), turns=int(rw["turns"]),
+      rec.update(success=bool(rw.success), turns=int(rw.turns),
                  calls=sum(len(s.calls) for s in acts))
     return records
 

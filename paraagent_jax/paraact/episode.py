@@ -18,6 +18,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from toolenv.schema import EpisodeRewards
+
 from paraagent_jax.learner.batch import KIND_ENV, PHASE_CODES, PHASE_EXPLORE
 
 
@@ -64,7 +66,7 @@ class EpisodeBuffer:
     """Registers a new step with its phase; returns (step index, segment index).
 
     Mirrors `toolenv.rewards.segments` exactly, so segment k here is entry k of
-    the environment's ``rewards()["phase"]``: an explore/execute step extends
+    the environment's ``rewards().phase``: an explore/execute step extends
     the current run or opens a new one; a step with no valid phase (pass the
     environment's ``info["phase"]``, None for malformed steps) joins the run it
     interrupts, or no segment (-1) if there is none; an answer step belongs to
@@ -121,15 +123,15 @@ def segment_rewards(segment_types: Sequence[int], env_phases: Sequence[Any]) -> 
   return [float(p[1]) for p in env_phases]
 
 
-def pack_episodes(buffers: Sequence[EpisodeBuffer], rewards: Sequence[dict[str, Any]],
+def pack_episodes(buffers: Sequence[EpisodeBuffer], rewards: Sequence[EpisodeRewards],
                   group_id: Sequence[int], max_len: int, max_steps: int,
                   max_phases: int, pad_id: int = 0) -> dict[str, np.ndarray]:
   """Packs finished episodes into the fixed shapes of a `TrajectoryBatch`.
 
   Args:
     buffers: one per episode.
-    rewards: per episode, ``{"step": [...], "phase": [(type, r), ...], "trajectory": r}``
-      as returned by ``toolenv.VectorToolEnv.rewards(i)``.
+    rewards: per episode, `EpisodeRewards` (``step``, ``phase``: ``(type, r)``
+      per segment, ``trajectory``) as ``toolenv.VectorToolEnv.rewards(i)`` returns them.
     group_id: dense group index per episode (same task -> same group).
     max_len, max_steps, max_phases: T, S, P of the batch.
     pad_id: token id used for padding.
@@ -168,7 +170,7 @@ def pack_episodes(buffers: Sequence[EpisodeBuffer], rewards: Sequence[dict[str, 
     out["attention_mask"][i, :n] = 1
     out["seq_len"][i] = n
     out["truncated"][i] = buf.truncated or len(buf) > max_len
-    step_r = list(rew.get("step", []))
+    step_r = list(rew.step)
     # Answer steps are credited at the trajectory level only (no step
     # advantage); a malformed step outside any run still carries its penalty,
     # grouped with explore steps.
@@ -178,10 +180,10 @@ def pack_episodes(buffers: Sequence[EpisodeBuffer], rewards: Sequence[dict[str, 
         out["step_reward"][i, s] = step_r[s]
         out["step_mask"][i, s] = 1.0
         out["step_phase_type"][i, s] = buf.segment_types[seg] if seg >= 0 else PHASE_EXPLORE
-    seg_r = segment_rewards(buf.segment_types, rew.get("phase", []))
+    seg_r = segment_rewards(buf.segment_types, rew.phase)
     for p, (ptype, r) in enumerate(zip(buf.segment_types[:max_phases], seg_r)):
       out["phase_reward"][i, p] = r
       out["phase_mask"][i, p] = 1.0
       out["phase_type"][i, p] = ptype
-    out["traj_reward"][i] = float(rew.get("trajectory", 0.0))
+    out["traj_reward"][i] = float(rew.trajectory)
   return out

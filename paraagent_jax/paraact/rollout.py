@@ -74,7 +74,7 @@ TRANSCRIPT_OBS_CHARS = 3000
 
 
 def _episode_record(task, buf: ep.EpisodeBuffer, steps: list[toolenv.Step],
-                    rewards: dict[str, Any], wall: float,
+                    rewards: toolenv.EpisodeRewards, wall: float,
                     transcript: list[dict[str, str]] | None = None,
                     diagnosis: dict[str, Any] | None = None) -> dict[str, Any]:
   """Behavioural statistics of one episode (the evaluation report's fields).
@@ -98,13 +98,13 @@ def _episode_record(task, buf: ep.EpisodeBuffer, steps: list[toolenv.Step],
       explore_tok += n
     elif phase == "execute":
       execute_tok += n
-  step_r = list(rewards.get("step", []))
-  phase_r = [p[1] for p in rewards.get("phase", [])]
+  step_r = list(rewards.step)
+  phase_r = [p[1] for p in rewards.phase]
   return {
       "task_id": getattr(task, "task_id", getattr(task, "id", None)),
       "kind": getattr(task, "kind", None),
       "split": getattr(task, "split", None),
-      "success": bool(rewards.get("success", False)),
+      "success": bool(rewards.success),
       "turns": len(steps),
       "calls": n_calls,
       "calls_per_step": exec_calls,
@@ -119,7 +119,7 @@ def _episode_record(task, buf: ep.EpisodeBuffer, steps: list[toolenv.Step],
       "wall_time_s": wall,
       "step_reward_mean": float(np.mean(step_r)) if step_r else 0.0,
       "phase_reward_mean": float(np.mean(phase_r)) if phase_r else 0.0,
-      "traj_reward": float(rewards.get("trajectory", 0.0)),
+      "traj_reward": float(rewards.trajectory),
       "answer": next((s.answer for s in reversed(steps) if s.phase == "answer"), None),
       "plan_tokens": int(np.sum(mask & (kinds == batch_lib.KIND_PLAN))),
       # What the policy read and wrote, turn by turn: {"role": "task" |
@@ -245,7 +245,7 @@ def run_rollout(policy: pol.Policy, env, tasks: Sequence[Any], fmt,
   rewards = [env.rewards(i) for i in range(b)]
   for i in range(b):
     # The environment's own turn budget also truncates.
-    buffers[i].truncated = buffers[i].truncated or bool(rewards[i].get("truncated"))
+    buffers[i].truncated = buffers[i].truncated or bool(rewards[i].truncated)
   arrays = ep.pack_episodes(
       buffers, rewards, group_ids, max_len=config.max_len,
       max_steps=config.max_turns, max_phases=config.max_phases or config.max_turns,

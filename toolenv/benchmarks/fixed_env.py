@@ -28,7 +28,7 @@ from typing import Any, Callable, Sequence
 from toolenv import rewards as rw
 from toolenv.catalog.store import Catalog
 from toolenv.env import ToolEnv
-from toolenv.schema import META_TOOLS, Call, Step, StepResult, Tool
+from toolenv.schema import META_TOOLS, Call, EpisodeRewards, Step, StepResult, Tool
 from toolenv.search import SearchIndex
 from toolenv.tasks import Task
 
@@ -171,14 +171,13 @@ class FixedTaskEnv:
       self._scores[i] = got
     return self._scores[i]
 
-  def rewards(self, i: int) -> dict[str, Any]:
+  def rewards(self, i: int) -> EpisodeRewards:
     """ToolEnv's reward parts with success and trajectory reward from the scorer."""
     env = self.envs[i]
-    r = env.rewards()
     ok = self.score(i)["success"]
-    r["success"] = ok
-    r["trajectory"] = rw.trajectory_reward(env.config, ok, env.turns, self.tasks[i].max_turns)
-    return r
+    return dataclasses.replace(
+        env.rewards(), success=ok,
+        trajectory=rw.trajectory_reward(env.config, ok, env.turns, self.tasks[i].max_turns))
 
   def extra(self, i: int) -> dict[str, Any]:
     """The scorer's per-episode metrics other than success (for the report)."""
