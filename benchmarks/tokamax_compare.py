@@ -13,7 +13,7 @@ whatever backend JAX has:
    mask (its default kernel choice, and its `xla_chunked` path).
 2. **Fused linear + softmax cross-entropy**:
    `tokamax.linear_softmax_cross_entropy_loss` against our chunked log-probs
-   (`qwen3.logprobs_from_hidden` with `logits_chunk`): loss and gradient
+   (`logprobs.logprobs_from_hidden` with `logits_chunk`): loss and gradient
    differences, then the compiled temporaries of the loss and its gradients at
    `--tokens` x `--vocab` (default 8,192 x 151,936, Qwen3's vocabulary).
 
@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from paraagent_jax.models import attention as attn
+from paraagent_jax.learner import logprobs
 from paraagent_jax.models import qwen3
 
 
@@ -114,7 +115,7 @@ def ce_rows(args, tokamax):
       # h[:, t-1] predicts tokens[:, t]: prepend a dummy first token.
       tokens = jnp.concatenate([jnp.zeros((1,), labels.dtype), labels])[None]
       h = jnp.concatenate([x, jnp.zeros((1, x.shape[1]), x.dtype)])[None]
-      lp = qwen3.logprobs_from_hidden(lambda z: z @ wt, h, tokens,
+      lp = logprobs.logprobs_from_hidden(lambda z: z @ wt, h, tokens,
                                       chunk=chunk)
       return -jnp.sum(lp[0, 1:])
     return f

@@ -22,6 +22,7 @@ from paraagent_jax import sampling
 from paraagent_jax import sampling_kernels
 from paraagent_jax import sharding as shd
 from paraagent_jax.models import attention as attn
+from paraagent_jax.learner import logprobs
 from paraagent_jax.models import qwen3
 
 
@@ -278,7 +279,7 @@ def test_chunked_logprobs_equal_unchunked_with_grads(tiny_pair, temperature,
   w = jax.random.normal(jax.random.key(3), (2, t))
 
   def loss(model):
-    out = model.token_logprobs(ids, mask, temperature=temperature,
+    out = logprobs.model_logprobs(model, ids, mask, temperature=temperature,
                                with_entropy=entropy)
     lp, ent = out if entropy else (out, jnp.zeros_like(out))
     return jnp.sum(lp * w) + jnp.sum(ent * w), (lp, ent)
@@ -316,7 +317,7 @@ def test_compact_logprobs_equal_masked_full_with_grads(chunk, entropy,
   cfg = qwen3.Qwen3Config.preset("tiny", logits_chunk=chunk)
   full = qwen3.Qwen3(cfg, rngs=nnx.Rngs(0))
   compact = qwen3.Qwen3(cfg.replace(logits_capacity=0.25), rngs=nnx.Rngs(0))
-  assert qwen3.compact_width(0.25, 40) == 16
+  assert logprobs.compact_width(0.25, 40) == 16
   b, t = 3, 41
   ids = jax.random.randint(jax.random.key(4), (b, t), 0, 512)
   pad = jnp.ones((b, t), jnp.int32).at[2, 33:].set(0)
@@ -331,7 +332,7 @@ def test_compact_logprobs_equal_masked_full_with_grads(chunk, entropy,
   w = jax.random.normal(jax.random.key(6), (b, t))
 
   def loss(model, mask):
-    out = model.token_logprobs(ids, pad, temperature=0.8,
+    out = logprobs.model_logprobs(model, ids, pad, temperature=0.8,
                                with_entropy=entropy, at=mask)
     lp, ent = out if entropy else (out, jnp.zeros_like(out))
     return jnp.sum(lp * w) + jnp.sum(ent * w), (lp, ent)
@@ -373,10 +374,10 @@ def test_compact_logprobs_run_the_head_on_the_gathered_rows_only():
 
   h = jax.random.normal(jax.random.key(1), (b, t, d))
   ids = jax.random.randint(jax.random.key(2), (b, t), 0, v)
-  run = jax.jit(lambda at: qwen3.logprobs_from_hidden(head, h, ids, at=at,
+  run = jax.jit(lambda at: logprobs.logprobs_from_hidden(head, h, ids, at=at,
                                                       capacity=0.25))
   fits = jnp.zeros((b, t)).at[:, 10:26].set(1)             # 16 a row
-  want = np.asarray(qwen3.logprobs_from_hidden(lambda x: x @ w, h, ids))
+  want = np.asarray(logprobs.logprobs_from_hidden(lambda x: x @ w, h, ids))
   for at, width in ((fits, 16), (fits.at[1, 30].set(1), t - 1)):
     seen.clear()
     got = np.asarray(run(at))
@@ -411,7 +412,7 @@ def test_chunked_logprobs_hold_no_full_logits():
       model = nnx.merge(graphdef, st)
       if chunk is None:
         return jnp.sum(model.hidden(ids))
-      return jnp.sum(model.token_logprobs(ids))
+      return jnp.sum(logprobs.model_logprobs(model, ids))
     return jax.jit(jax.grad(loss)).lower(state).compile()
 
   body, chunked, unchunked = compiled(None), compiled(64), compiled(0)

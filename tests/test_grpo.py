@@ -18,6 +18,7 @@ import pytest
 from paraagent_jax import sharding as shd
 from paraagent_jax.learner import batch as batch_lib
 from paraagent_jax.learner import grpo
+from paraagent_jax.learner import logprobs
 from paraagent_jax.learner import sft_loss as sft
 from paraagent_jax.learner import optimizer as optim
 from paraagent_jax import config_utils
@@ -148,7 +149,7 @@ def test_logprob_convention_and_entropy():
   logits = rng.normal(size=(2, 5, 7))
   tokens = rng.integers(0, 7, (2, 5))
   want_lp, want_ent = np_logprobs(logits, tokens, entropy=True)
-  lp, ent = grpo.logprobs_from_logits(jnp.asarray(logits, jnp.float32),
+  lp, ent = logprobs.logprobs_from_logits(jnp.asarray(logits, jnp.float32),
                                       jnp.asarray(tokens), with_entropy=True)
   np.testing.assert_allclose(lp, want_lp, atol=1e-5)
   np.testing.assert_allclose(ent, want_ent, atol=1e-5)
@@ -541,7 +542,7 @@ def test_logits_capacity_gives_the_same_grpo_steps(mesh_shape):
   share = max(float(np.max(np.asarray(grpo.valid_tokens(b))[:, 1:].sum(1))) / 31
               for b in rows)
   capacity = min(share + 0.05, 0.95)
-  assert qwen3.compact_width(capacity, 31) < 31, share
+  assert logprobs.compact_width(capacity, 31) < 31, share
   mesh = mesh_of(mesh_shape)
   p0, m0, _ = run_qwen3_steps(mesh)
   p1, m1, _ = run_qwen3_steps(mesh, logits_capacity=capacity)

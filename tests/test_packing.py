@@ -20,6 +20,7 @@ from paraagent_jax import config_utils
 from paraagent_jax import metrics as metrics_lib
 from paraagent_jax import tokenizer as tokenizer_lib
 from paraagent_jax.data import demonstrations, packing
+from paraagent_jax.learner import logprobs
 from paraagent_jax.learner import optimizer as optim
 from paraagent_jax.learner import sft_loss
 from paraagent_jax.learner import step as ts
@@ -275,8 +276,7 @@ def _one_per_row(demos):
 
 
 def _nll_sum(model, batch):
-  logp = model.token_logprobs(
-      jnp.asarray(batch["tokens"]), jnp.asarray(batch["attention_mask"]),
+  logp = logprobs.model_logprobs(model, jnp.asarray(batch["tokens"]), jnp.asarray(batch["attention_mask"]),
       None if "positions" not in batch else jnp.asarray(batch["positions"]),
       None if "segment_ids" not in batch else jnp.asarray(batch["segment_ids"]))
   mask = np.array(batch["loss_mask"])

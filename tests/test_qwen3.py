@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from paraagent_jax.learner import logprobs
 from paraagent_jax.models import qwen3
 
 
@@ -241,7 +242,7 @@ def test_scan_layers_and_remat_match_loop(tiny):
                              tiny(ids, attention_mask=mask), atol=1e-5)
 
   def loss(model):
-    return jnp.mean(qwen3.token_logprobs(model, ids, mask))
+    return jnp.mean(logprobs.model_logprobs(model, ids, mask))
 
   g_loop = nnx.grad(loss)(tiny)
   g_scan = nnx.grad(loss)(scanned)
@@ -274,7 +275,7 @@ def _assert_same_model(model, want, ids, mask):
   w = mask * jnp.pad(mask[:, :-1], ((0, 0), (1, 0)))
 
   def loss(m):
-    return jnp.sum(qwen3.token_logprobs(m, ids, mask) * w)
+    return jnp.sum(logprobs.model_logprobs(m, ids, mask) * w)
 
   for a, b in zip(jax.tree.leaves(nnx.grad(loss)(model)),
                   jax.tree.leaves(nnx.grad(loss)(want))):
@@ -326,7 +327,7 @@ def test_token_logprobs_match_numpy_log_softmax(tiny):
   for b in range(2):
     for t in range(1, 6):
       ref[b, t] = logsm[b, t - 1, ids_np[b, t]]
-  np.testing.assert_allclose(qwen3.token_logprobs(tiny, ids), ref, atol=1e-5)
+  np.testing.assert_allclose(logprobs.model_logprobs(tiny, ids), ref, atol=1e-5)
 
 
 def test_presets_parameter_counts_and_hf_dict_round_trip():

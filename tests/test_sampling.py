@@ -88,6 +88,29 @@ def test_token_logprob_equals_log_softmax_at_the_token():
   np.testing.assert_array_equal(got_t, got)
 
 
+def test_sampler_copy_agrees_with_the_learners_logprobs():
+  """The decode loop's fused `token_logprob` (one position per row) gives the
+  numbers `learner.logprobs` gives the losses for the same logits and tokens,
+  whole or in chunks from the hidden states."""
+  from paraagent_jax.learner import logprobs  # pylint: disable=g-import-not-at-top
+  rs = np.random.RandomState(2)
+  b, t, d, v = 3, 9, 16, 300
+  h = rs.randn(b, t, d).astype(np.float32)
+  w = (rs.randn(d, v) * 3).astype(np.float32)
+  tokens = rs.randint(0, v, size=(b, t)).astype(np.int32)
+  logits = h @ w
+  # The sampler: position t - 1's logits pick token t.
+  fused = np.stack([np.asarray(sampling_kernels.token_logprob(
+      jnp.asarray(logits[:, i - 1]), jnp.asarray(tokens[:, i]))) for i in range(1, t)], 1)
+  whole = np.asarray(logprobs.logprobs_from_logits(jnp.asarray(logits), jnp.asarray(tokens)))
+  chunked = np.asarray(logprobs.logprobs_from_hidden(lambda x: x @ jnp.asarray(w),
+                                                     jnp.asarray(h), jnp.asarray(tokens),
+                                                     chunk=4))
+  assert np.all(whole[:, 0] == 0) and np.all(chunked[:, 0] == 0)
+  np.testing.assert_allclose(fused, whole[:, 1:], rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(fused, chunked[:, 1:], rtol=1e-5, atol=1e-5)
+
+
 def test_argmax_is_numpys_first_maximum_and_nan_wins():
   """The decode loop's argmax: ties give the first index, NaN counts as max."""
   rs = np.random.RandomState(1)

@@ -26,8 +26,9 @@ from typing import Any, Mapping, Sequence
 import toolenv
 from toolenv import diagnosis as diag_lib
 
-KIND_ORDER = ("single", "parallel", "chain", "fanout", "mixed")
-MULTI_TOOL_KINDS = ("parallel", "fanout", "mixed")
+KIND_ORDER = toolenv.KINDS
+# The one definition (docs/evaluation.md, "Multi-tool"): parallel, fanout, mixed.
+MULTI_TOOL_KINDS = toolenv.MULTI_TOOL_KINDS
 # (record field, oracle field, column title) of the behaviour table.
 BEHAVIOUR_COLUMNS = (
     ("turns", "oracle_turns", "turns"),

@@ -35,8 +35,9 @@ from paraagent_jax import provenance
 from paraagent_jax.evaluation import causes as causes_lib
 from toolenv.benchmarks import stabletoolbench
 
-# The kinds whose gold DAG has several independent calls: where parallel acting pays.
-MULTI_TOOL_KINDS = ("parallel", "fanout", "mixed")
+# The kinds whose gold DAG has several independent calls: where parallel acting
+# pays (one definition, `toolenv.MULTI_TOOL_KINDS`; docs/evaluation.md).
+MULTI_TOOL_KINDS = causes_lib.MULTI_TOOL_KINDS
 
 
 def is_multi_tool(benchmark: Any, kind: Any) -> bool:

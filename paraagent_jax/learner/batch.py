@@ -8,7 +8,7 @@ Log-probability convention (important, shared by the sampler and the loss):
 ``old_logprobs[b, t]`` and ``ref_logprobs[b, t]`` are
 ``log p(tokens[b, t] | tokens[b, :t])``, i.e. the logit at position ``t - 1``
 predicts token ``t``. Position 0 has no prediction and must have
-``loss_mask == 0``. `paraagent_jax.learner.grpo.logprobs_from_logits` implements
+``loss_mask == 0``. `paraagent_jax.learner.logprobs.logprobs_from_logits` implements
 the same shift.
 
 Shapes: ``B`` episodes, ``T`` tokens, ``S`` steps and ``P`` phase segments per

@@ -46,6 +46,7 @@ import optax
 
 from paraagent_jax.learner import advantages as adv_lib
 from paraagent_jax.learner import batch as batch_lib
+from paraagent_jax.learner import logprobs as lp_lib
 from paraagent_jax.learner import optimizer as optim
 from paraagent_jax import config_utils
 from paraagent_jax.learner import step as ts
@@ -113,63 +114,6 @@ class GRPOConfig:
                        tuple(tuple(float(w) for w in r)
                              for r in self.level_weights))
     adv_lib.check_options(self.levels, self.normalize)
-
-
-def logprobs_from_logits(logits, tokens, with_entropy: bool = False):
-  """Per-token log p(tokens[t] | tokens[<t]) (and entropy) from logits.
-
-  The logit at t - 1 predicts token t; position 0 gets 0 (never trained).
-  Computed in float32 without materialising a full log-softmax.
-
-  Args:
-    logits: [B,T,V].
-    tokens: [B,T] int.
-    with_entropy: also return the entropy of the predictive distribution of
-      each position (same shift).
-
-  Returns:
-    logp [B,T] (and entropy [B,T] if asked).
-  """
-  logits = logits[:, :-1].astype(jnp.float32)
-  lse = jax.nn.logsumexp(logits, axis=-1)
-  picked = jnp.take_along_axis(logits, tokens[:, 1:, None], axis=-1)[..., 0]
-  pad = lambda x: jnp.pad(x, ((0, 0), (1, 0)))
-  logp = pad(picked - lse)
-  if not with_entropy:
-    return logp
-  probs = jnp.exp(logits - lse[..., None])
-  entropy = lse - jnp.sum(probs * logits, axis=-1)
-  return logp, pad(entropy)
-
-
-def model_logprobs(model, tokens, attention_mask, positions=None,
-                   segment_ids=None, *, temperature: float = 1.0,
-                   with_entropy: bool = False, at=None):
-  """Per-token log-probs (and entropies) of `tokens` under `model`.
-
-  A model with a `token_logprobs` method (`models.qwen3.Qwen3`: chunked over
-  the sequence, no [B,T,V] fp32 logits; with `model.logits_capacity` the LM
-  head runs at the `at` positions only) computes them itself; any other model
-  is called for its [B,T,V] logits (``model(tokens, attention_mask=...)``)
-  and they go through `logprobs_from_logits`.
-
-  `at` ([B,T] mask, optional): the positions whose values are wanted (the
-  loss mask); the outputs are 0 elsewhere.
-  """
-  own = getattr(model, "token_logprobs", None)
-  if own is not None:
-    return own(tokens, attention_mask, positions, segment_ids,
-               temperature=temperature, with_entropy=with_entropy, at=at)
-  extra = {k: v for k, v in (("positions", positions),
-                             ("segment_ids", segment_ids)) if v is not None}
-  logits = model(tokens, attention_mask=attention_mask, **extra)
-  if temperature != 1.0:
-    logits = logits / temperature
-  out = logprobs_from_logits(logits, tokens, with_entropy)
-  if at is None:
-    return out
-  keep = lambda x: jnp.where(at > 0, x, 0.0)
-  return tuple(map(keep, out)) if with_entropy else keep(out)
 
 
 def aggregation_weights(valid, aggregation: str):
@@ -281,7 +225,7 @@ def micro_loss(model, inputs, ref_model, config: GRPOConfig):
   # The LM head and log-softmax run in sequence chunks (model.logits_chunk):
   # no [B,T,V] fp32 logits.
   # Only the policy tokens' values are used (every term is masked by valid).
-  out = model_logprobs(model, inputs["tokens"], inputs["attention_mask"],
+  out = lp_lib.model_logprobs(model, inputs["tokens"], inputs["attention_mask"],
                        temperature=config.temperature, with_entropy=want_entropy,
                        at=inputs["valid"])
   logp, entropy = out if want_entropy else (out, None)
@@ -293,7 +237,7 @@ def micro_loss(model, inputs, ref_model, config: GRPOConfig):
     if ref_logp is None:
       if ref_model is None:
         raise ValueError("beta > 0 needs batch.ref_logprobs or a ref_state")
-      ref_logp = model_logprobs(ref_model, inputs["tokens"],
+      ref_logp = lp_lib.model_logprobs(ref_model, inputs["tokens"],
                                 inputs["attention_mask"],
                                 temperature=config.temperature,
                                 at=inputs["valid"])

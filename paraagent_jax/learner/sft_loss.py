@@ -11,8 +11,9 @@ An SFT batch is a mapping (or any object with these attributes) with
 add ``segment_ids`` [B,T] int32 (no attention across segments) and
 ``positions`` [B,T] int32 (restarting at 0 in each segment).
 
-Log-probs come from `Qwen3.token_logprobs`, which runs the LM head and
-log-softmax in sequence chunks (`model.logits_chunk`): no [B,T,V] fp32 logits.
+Log-probs come from `paraagent_jax.learner.logprobs.model_logprobs`, which runs
+the LM head and log-softmax in sequence chunks (`model.logits_chunk`): no
+[B,T,V] fp32 logits.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from paraagent_jax.learner import grpo
+from paraagent_jax.learner import logprobs as lp_lib
 from paraagent_jax.learner import step as ts
 
 SFT_FIELDS = ("tokens", "loss_mask", "attention_mask")
@@ -41,7 +42,7 @@ def _fields(batch) -> dict:
 
 def _logprobs(model, inputs):
   # Only the loss positions' log-probs are used (`model.logits_capacity`).
-  return grpo.model_logprobs(model, inputs["tokens"], inputs["attention_mask"],
+  return lp_lib.model_logprobs(model, inputs["tokens"], inputs["attention_mask"],
                              inputs.get("positions"), inputs.get("segment_ids"),
                              at=inputs["weights"])
 
@@ -57,7 +58,7 @@ def sft_loss(model, tokens, loss_mask, attention_mask, positions=None,
 
   Args:
     model: a `paraagent_jax.models.qwen3.Qwen3`, or any module returning
-      [B,T,V] logits (`grpo.model_logprobs`).
+      [B,T,V] logits (`logprobs.model_logprobs`).
     tokens: [B,T] int token ids.
     loss_mask: [B,T] 1 on tokens to learn (assistant turns).
     attention_mask: [B,T] 1 on real tokens.
@@ -67,7 +68,7 @@ def sft_loss(model, tokens, loss_mask, attention_mask, positions=None,
     The mean negative log-likelihood over masked tokens.
   """
   mask = _shifted_mask(loss_mask)
-  logp = grpo.model_logprobs(model, tokens, attention_mask, positions,
+  logp = lp_lib.model_logprobs(model, tokens, attention_mask, positions,
                              segment_ids, at=mask)
   return -jnp.sum(logp * mask) / jnp.maximum(jnp.sum(mask), 1.0)
 

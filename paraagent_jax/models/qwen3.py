@@ -29,15 +29,15 @@ and multi-turn continuation (see its docstring for the contract).
 
 Attention itself lives in `paraagent_jax.models.attention`: the cache-free
 forward dispatches on `config.attention` (reference einsum, chunked flash,
-XLA, cuDNN, Pallas splash), and `token_logprobs` computes log-probs from the
-hidden states in sequence chunks (`config.logits_chunk`) so that no [B,T,V]
-fp32 logits exist in a training step.
+XLA, cuDNN, Pallas splash). Token log-probs for the losses are computed from
+`hidden` and `head` by `paraagent_jax.learner.logprobs` (in sequence chunks,
+`config.logits_chunk`, so that no [B,T,V] fp32 logits exist in a training
+step).
 """
 
 from __future__ import annotations
 
 import functools
-import math
 
 from flax import nnx
 import jax
@@ -518,31 +518,6 @@ class Qwen3(nnx.Module):
       logits = _constrain(logits, ("batch", "seq", "act_vocab"), self.sharding_ctx)
     return logits.astype(jnp.float32)
 
-  def token_logprobs(self, tokens, attention_mask=None, positions=None,
-                     segment_ids=None, *, temperature: float = 1.0,
-                     with_entropy: bool = False, at=None):
-    """log p(tokens[:, t] | tokens[:, <t]) per position; [B,T] f32, 0 at t = 0.
-
-    With `config.logits_chunk` > 0 the LM head, log-softmax (and entropy) run
-    over sequence chunks of that many positions under `jax.checkpoint`: the
-    forward and backward passes hold one [B, chunk, V] fp32 logits block at a
-    time, never [B,T,V], and the result and its gradients equal the unchunked
-    computation (`logits_chunk=0`) up to float rounding.
-
-    `at` ([B,T] mask, e.g. the loss mask) asks for the log-probs of those
-    positions only; the outputs are 0 elsewhere. With `config.logits_capacity`
-    > 0 the LM head then runs at those positions only (`logprobs_from_hidden`).
-
-    Returns:
-      logp [B,T] (and the entropy [B,T] of each position's predictive
-      distribution when `with_entropy`; same shift, 0 at t = 0).
-    """
-    h = self.hidden(tokens, attention_mask, positions, segment_ids)
-    return logprobs_from_hidden(self.head, h, tokens, temperature=temperature,
-                                with_entropy=with_entropy,
-                                chunk=self.config.logits_chunk, at=at,
-                                capacity=self.config.logits_capacity)
-
   def init_cache(self, batch_size: int, max_len: int, dtype=None) -> dict:
     """An empty KV cache: {"k","v": zeros, "lengths": [B] int32}.
 
@@ -654,122 +629,3 @@ class Qwen3(nnx.Module):
       x = jnp.take_along_axis(x, at[:, None, None], axis=1)
     return self.head(rms_norm(x, self.norm[...], self.config.rms_norm_eps),
                      decode_weights), new_cache
-
-
-def token_logprobs(model: Qwen3, tokens, attention_mask=None):
-  """`Qwen3.token_logprobs` as a function (kept for callers and tests)."""
-  return model.token_logprobs(tokens, attention_mask)
-
-
-def _chunk_logprobs(head, h, tgt, temperature, with_entropy):
-  """(logp, entropy or None) of one block: h [B,c,D], tgt [B,c]."""
-  logits = head(h)
-  if temperature != 1.0:
-    logits = logits / temperature
-  lse = jax.nn.logsumexp(logits, axis=-1)
-  picked = jnp.take_along_axis(logits, tgt[..., None], axis=-1)[..., 0]
-  if not with_entropy:
-    return picked - lse, None
-  probs = jnp.exp(logits - lse[..., None])
-  return picked - lse, lse - jnp.sum(probs * logits, axis=-1)
-
-
-def _blocked_logprobs(fn, h, tgt, chunk: int, with_entropy: bool):
-  """`fn` over h [B,T',D] / tgt [B,T'] whole, or in position blocks of `chunk`.
-
-  Each block runs under `jax.checkpoint`, so its logits are recomputed in the
-  backward pass and no [B,T',V] array is ever held.
-  """
-  b, t1 = tgt.shape
-  if chunk <= 0 or chunk >= t1:
-    return fn(h, tgt)
-  n = -(-t1 // chunk)
-  pad = n * chunk - t1
-  hb = jnp.pad(h, ((0, 0), (0, pad), (0, 0))).reshape(b, n, chunk, -1)
-  tb = jnp.pad(tgt, ((0, 0), (0, pad))).reshape(b, n, chunk)
-
-  @jax.checkpoint
-  def body(_, xs):
-    lp_c, ent_c = fn(*xs)
-    return None, (lp_c, lp_c if ent_c is None else ent_c)
-
-  _, (lp, ent) = jax.lax.scan(body, None, (jnp.moveaxis(hb, 1, 0),
-                                           jnp.moveaxis(tb, 1, 0)))
-  lp = jnp.moveaxis(lp, 0, 1).reshape(b, -1)[:, :t1]
-  ent = jnp.moveaxis(ent, 0, 1).reshape(b, -1)[:, :t1] if with_entropy else None
-  return lp, ent
-
-
-def compact_width(capacity: float, length: int) -> int:
-  """Positions per row that `logprobs_from_hidden` computes for `capacity`.
-
-  ceil(capacity * length) rounded up to a multiple of 8, at most `length`;
-  0 when capacity is 0 (the compact path is off).
-  """
-  if capacity <= 0:
-    return 0
-  return min(-(-math.ceil(capacity * length) // 8) * 8, length)
-
-
-def logprobs_from_hidden(head, h, tokens, *, temperature: float = 1.0,
-                         with_entropy: bool = False, chunk: int = 0,
-                         at=None, capacity: float = 0.0):
-  """Next-token log-probs (and entropies) from final hidden states.
-
-  Args:
-    head: hidden [...,D] -> fp32 logits [...,V] (`Qwen3.head`).
-    h: [B,T,D] final hidden states; h[:, t-1] predicts tokens[:, t].
-    tokens: [B,T] int.
-    temperature: logits are divided by it before the softmax.
-    with_entropy: also return each position's predictive entropy.
-    chunk: > 0 = sequence positions per block (each block under
-      `jax.checkpoint`, so its logits are recomputed in the backward pass);
-      0 = all positions at once.
-    at: optional [B,T] mask of the positions whose log-prob is wanted (the
-      loss mask); the outputs are 0 elsewhere. None = every position.
-    capacity: with `at`, > 0 = run the LM head and softmax only at the
-      positions in `at`, gathered into [B, W] rows of W =
-      `compact_width(capacity, T - 1)` slots. A batch where some row has more
-      than W positions in `at` takes the all-positions path instead (a
-      `lax.cond`), so the result is exact either way. The LM head of a
-      4,096-word vocabulary is ~30% of a demo SFT step at 1,024 tokens, and
-      only ~19% of a demonstration's positions are in the loss.
-
-  Returns:
-    logp [B,T] (0 at t = 0), and entropy [B,T] if asked.
-  """
-  h, tgt = h[:, :-1], tokens[:, 1:]
-  b, t1 = tgt.shape
-  fn = functools.partial(_chunk_logprobs, head, temperature=temperature,
-                         with_entropy=with_entropy)
-  pad1 = lambda x: jnp.pad(x, ((0, 0), (1, 0)))
-
-  def everywhere():
-    lp, ent = _blocked_logprobs(fn, h, tgt, chunk, with_entropy)
-    if sel is not None:
-      lp = jnp.where(sel, lp, 0.0)
-      ent = None if ent is None else jnp.where(sel, ent, 0.0)
-    return pad1(lp), (pad1(ent) if with_entropy else None)
-
-  width = compact_width(capacity, t1) if at is not None else 0
-  sel = None if at is None else at[:, 1:] > 0
-  counts = None if at is None else jnp.sum(sel, axis=1)
-
-  def compact():
-    # Each row's wanted positions, in order, then filler slots (index 0).
-    idx = jax.vmap(lambda s: jnp.nonzero(s, size=width, fill_value=0)[0])(sel)
-    live = jnp.arange(width)[None, :] < counts[:, None]
-    hc = jnp.take_along_axis(h, idx[..., None], axis=1)
-    tc = jnp.take_along_axis(tgt, idx, axis=1)
-    lp_c, ent_c = _blocked_logprobs(fn, hc, tc, chunk, with_entropy)
-    rows = jnp.broadcast_to(jnp.arange(b)[:, None], idx.shape)
-    # Filler slots add 0 (they all point at position 0).
-    scatter = lambda v: pad1(jnp.zeros((b, t1), v.dtype).at[rows, idx].add(
-        jnp.where(live, v, 0.0)))
-    return scatter(lp_c), (scatter(ent_c) if with_entropy else None)
-
-  if 0 < width < t1:
-    lp, ent = jax.lax.cond(jnp.all(counts <= width), compact, everywhere)
-  else:
-    lp, ent = everywhere()
-  return (lp, ent) if with_entropy else lp

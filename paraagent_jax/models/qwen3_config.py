@@ -66,10 +66,10 @@ class Qwen3Config:
   attention: str = "auto"
   # Block size of the chunked/splash kernels and of the cache attention.
   attention_chunk: int = 256
-  # > 0: `token_logprobs` runs the LM head + log-softmax over this many
+  # > 0: `learner.logprobs.model_logprobs` runs the LM head + log-softmax over this many
   # positions at a time (never a [B,T,V] fp32 array). 0 = all at once.
   logits_chunk: int = 512
-  # > 0: `token_logprobs(..., at=mask)` runs the LM head + log-softmax only at
+  # > 0: `model_logprobs(..., at=mask)` runs the LM head + log-softmax only at
   # the positions in `mask`, gathered into rows of this fraction of the
   # sequence (rounded up to 8); a batch with a fuller row takes the
   # all-positions path (exact either way). 0 = all positions.
