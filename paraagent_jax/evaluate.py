@@ -22,6 +22,7 @@ tool files on ToolEnv's simulator, judge-free metrics); see
 from __future__ import annotations
 
 import os
+import sys
 
 from absl import app
 from absl import flags
@@ -31,6 +32,7 @@ from paraagent_jax import checkpoint as ckpt_lib
 from paraagent_jax import cli
 from paraagent_jax import config_utils
 from paraagent_jax.evaluation import report as report_lib
+from paraagent_jax.evaluation import runner
 from paraagent_jax.evaluation import suite
 
 PROG = "paraagent_jax.evaluate"
@@ -69,6 +71,23 @@ def main(argv) -> None:
               transcripts=_TRANSCRIPTS.value, step=_STEP.value)
   except (config_utils.ConfigError, ckpt_lib.CheckpointError, OSError) as e:
     cli.fail(PROG, str(e))
+  except KeyboardInterrupt:
+    sys.stdout.flush()
+    print(f"{PROG}: interrupted; {_records_kept(cli.WORKDIR.value)} rerun the same "
+          "command to resume", file=sys.stderr, flush=True)
+    sys.exit(130)
+
+
+def _records_kept(workdir: str | None) -> str:
+  """"N finished episodes are kept in DIR;" for the interrupt line."""
+  d = os.path.join(os.path.abspath(workdir), "records") if workdir else ""
+  if not d or not os.path.isdir(d):
+    return "no episode had finished;"
+  n = 0
+  for name in os.listdir(d):
+    if name.endswith(".jsonl"):
+      n += len(runner.read_records(os.path.join(d, name)))
+  return f"{n} finished episodes are kept in {d};"
 
 
 if __name__ == "__main__":

@@ -119,3 +119,62 @@ def test_evaluate_sees_observations_as_the_demo_rl_does():
   ev = config_utils.load_config("configs/evaluate.py")
   demo = config_utils.load_config("configs/demo.py")
   assert ev.rollout.max_obs_tokens == demo.rl.max_obs_tokens == 640
+
+
+def test_a_checkpoint_of_neither_kind_says_so_and_leaves_no_workdir(tmp_path):
+  """An empty directory or a file is refused for what it is (not with a
+  tokenizer hint), and the eval workdir is not created."""
+  empty = tmp_path / "empty"
+  empty.mkdir()
+  text = tmp_path / "notes.txt"
+  text.write_text("hi")
+  for ckpt in (empty, text):
+    wd = tmp_path / f"eval_{ckpt.name}"
+    with pytest.raises(config_utils.ConfigError,
+                       match="neither a Hugging Face model directory .* nor a training workdir"):
+      evaluate.run(small_config(), str(wd), checkpoint=str(ckpt))
+    assert not wd.exists()
+
+
+def test_a_failure_after_the_checks_removes_only_an_empty_new_workdir(tmp_path, monkeypatch):
+  from paraagent_jax.evaluation import suite as suite_lib  # pylint: disable=g-import-not-at-top
+
+  def boom(*a, **k):
+    raise KeyboardInterrupt
+  monkeypatch.setattr(suite_lib, "_run", boom)
+  wd = tmp_path / "new"
+  with pytest.raises(KeyboardInterrupt):
+    evaluate.run(small_config(), str(wd))
+  assert not wd.exists()
+  kept = tmp_path / "kept"
+  kept.mkdir()
+  (kept / "mine.txt").write_text("x")
+  with pytest.raises(KeyboardInterrupt):
+    evaluate.run(small_config(), str(kept))
+  assert (kept / "mine.txt").exists()
+
+
+def test_ctrl_c_is_one_line_that_counts_the_kept_records(oracle_run, tmp_path, monkeypatch,
+                                                          capsys):
+  """Ctrl-C during `evaluate`: exit 130 and one line (records kept, how to
+  resume), not a traceback."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  d, _ = oracle_run
+  wd = tmp_path / "ev"
+  shutil.copytree(os.path.join(d, "records"), wd / "records")
+
+  def interrupted(*a, **k):
+    raise KeyboardInterrupt
+  monkeypatch.setattr(evaluate.suite, "run", interrupted)
+  fl = flags.FLAGS
+  if not fl.is_parsed():
+    fl(["evaluate"])
+  monkeypatch.setattr(fl["workdir"], "value", str(wd))
+  with pytest.raises(SystemExit) as e:
+    evaluate.main(["evaluate"])
+  assert e.value.code == 130
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1, err
+  assert err[0] == (f"paraagent_jax.evaluate: interrupted; 40 finished episodes are kept in "
+                    f"{wd / 'records'}; rerun the same command to resume")

@@ -111,12 +111,30 @@ def run(config, workdir: str, checkpoint: str = "", transcripts: int = 0,
     hint = ckpt_lib.pipeline_hint(checkpoint)
     if hint:
       raise config_utils.ConfigError(f"--checkpoint={checkpoint}: {hint}")
+    if not os.path.isdir(checkpoint) or not (
+        rundir.is_hf_dir(checkpoint) or ckpt_lib.find_checkpoint(checkpoint)):
+      raise config_utils.ConfigError(
+          f"--checkpoint={checkpoint}: neither a Hugging Face model directory "
+          "(config.json and *.safetensors) nor a training workdir (checkpoints/STEP "
+          "and its config.json)")
   known = ("toolenv", "bfcl", "stabletoolbench")
   for bench in [b for b in config.benchmarks.split(",") if b]:
     if bench not in known:
       raise config_utils.ConfigError(f"benchmarks: unknown {bench!r}; expected one of "
                                      f"{', '.join(known)}")
+  created = not os.path.exists(workdir)
   os.makedirs(workdir, exist_ok=True)
+  try:
+    return _run(config, workdir, checkpoint, transcripts, step)
+  except BaseException:
+    # A run that failed before writing anything leaves no empty workdir behind.
+    if created and os.path.isdir(workdir) and not os.listdir(workdir):
+      os.rmdir(workdir)
+    raise
+
+
+def _run(config, workdir: str, checkpoint: str, transcripts: int, step: int | None) -> dict:
+  """`run` after its checks, in the existing ``workdir``."""
   tok = policy_tokenizer(config, checkpoint, workdir)
   model = rundir.load_model(checkpoint, len(tok), step)[0] if checkpoint else None
   name = config.policy_name or (os.path.basename(os.path.normpath(checkpoint))
