@@ -277,6 +277,14 @@ def verify_step(step_dir: str, step: int) -> None:
     raise CheckpointError(f"step {step} ({step_dir}): {e}") from None
 
 
+def saved_steps(root: str) -> list[int]:
+  """The steps with a saved model under a checkpoint root, ascending."""
+  if not os.path.isdir(root):
+    return []
+  return sorted(int(d) for d in os.listdir(root)
+                if d.isdigit() and os.path.isdir(os.path.join(root, d, "model")))
+
+
 def find_checkpoint(path: str) -> tuple[str, int] | None:
   """Resolves an Orbax ``init_from`` path to (checkpoint root, step).
 
@@ -286,10 +294,7 @@ def find_checkpoint(path: str) -> tuple[str, int] | None:
   path = os.path.abspath(path)
   candidates = [os.path.join(path, CHECKPOINT_SUBDIR), path]
   for root in candidates:
-    if not os.path.isdir(root):
-      continue
-    steps = sorted(int(d) for d in os.listdir(root)
-                   if d.isdigit() and os.path.isdir(os.path.join(root, d, "model")))
+    steps = saved_steps(root)
     if steps:
       return root, steps[-1]
   base = os.path.basename(path)

@@ -23,10 +23,13 @@ loaded is reported by the entry point (`config_value`) as
 
 from __future__ import annotations
 
+import functools
 import re
 import sys
-from typing import Any, NoReturn
+import textwrap
+from typing import Any, NoReturn, Sequence
 
+from absl import app
 from absl import flags
 import ml_collections
 from ml_collections import config_flags
@@ -135,3 +138,91 @@ def fail(prog: str, message: str) -> NoReturn:
   """Exits with ``<prog>: error: <message on one line>`` and status 1."""
   sys.stdout.flush()
   sys.exit(f"{prog}: error: {' '.join(str(message).split())}")
+
+
+PRINT_CONFIG = (flags.FlagHolder(flags.FLAGS, flags.FLAGS["print_config"])
+                if "print_config" in flags.FLAGS
+                else flags.DEFINE_bool("print_config", False,
+                                       "Print the resolved config (every key, its value, and "
+                                       "the file's default where an override changed it) "
+                                       "and exit."))
+
+HELP_FLAGS = ("-h", "-help", "--help", "--helpshort")
+
+
+def _flag_lines(flag) -> list[str]:
+  """One flag's help, as absl writes it: name, wrapped help, default."""
+  name = f"--[no]{flag.name}" if flag.boolean else f"--{flag.name}"
+  body = textwrap.wrap(" ".join(str(flag.help).split()), 76)
+  default = flag.default_as_str if flag.default is not None else "none"
+  return [f"  {name}:"] + [f"    {ln}" for ln in body] + [f"    (default: {default})"]
+
+
+def help_text(prog: str, doc: str, own: Sequence[str], shared: Sequence[str]) -> str:
+  """``--help``: the entry point's docstring, then its flags (its own and the
+  shared ones it reads), then how to see the config."""
+  lines = [doc.strip(), "", "flags:"]
+  for name in list(shared) + list(own):
+    lines += _flag_lines(flags.FLAGS[name])
+  if "config" in shared:
+    lines += [""] + textwrap.wrap(
+        f"Every config key and its value: python -m {prog} --config=FILE "
+        "--print_config (overrides applied; a key's default is shown where an "
+        "override changed it). --helpfull lists absl's own flags too.", 80)
+  return "\n".join(lines)
+
+
+def _parse_flags(prog: str, argv: list[str]) -> list[str]:
+  """absl's flag parsing, with a bad flag value reported as one line."""
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    fail(prog, str(e))
+
+
+def run(main, prog: str, doc: str, own: Sequence[str] = (),
+        shared: Sequence[str] = ("config", "workdir")) -> None:
+  """`absl.app.run` for an entry point: ``--help`` prints the real flags and
+  exits 0; a flag value that does not parse is one ``<prog>: error:`` line."""
+  if any(a in HELP_FLAGS for a in sys.argv[1:]):
+    print(help_text(prog, doc, own, shared))
+    sys.exit(0)
+  app.run(main, flags_parser=functools.partial(_parse_flags, prog))
+
+
+def format_config(config: ml_collections.ConfigDict,
+                  default: ml_collections.ConfigDict | None = None) -> str:
+  """``key = value`` per leaf, dotted, in order; ``(default: X)`` where the
+  value differs from ``default``'s (the config file's before overrides)."""
+  out = []
+
+  def walk(node, ref, prefix):
+    for key in node.keys():
+      val = node[key]
+      name = f"{prefix}{key}"
+      other = ref[key] if isinstance(ref, ml_collections.ConfigDict) and key in ref else None
+      if isinstance(val, ml_collections.ConfigDict):
+        walk(val, other, name + ".")
+        continue
+      line = f"{name} = {val!r}"
+      if ref is not None and other != val:
+        line += f"    (default: {other!r})"
+      out.append(line)
+
+  walk(config, default, "")
+  return "\n".join(out)
+
+
+def print_config_and_exit(config: ml_collections.ConfigDict,
+                          default_path: str | None = None) -> NoReturn:
+  """``--print_config``: the resolved config against the file's own values."""
+  path = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--config=")),
+              default_path)
+  default = None
+  if path:
+    try:
+      default = config_utils.load_config(path.split(":", 1)[0])
+    except config_utils.ConfigError:
+      default = None
+  print(format_config(config, default))
+  sys.exit(0)

@@ -24,7 +24,6 @@ from __future__ import annotations
 import os
 import sys
 
-from absl import app
 from absl import flags
 from absl import logging
 
@@ -60,11 +59,17 @@ def main(argv) -> None:
     if _COMPARE.value:
       paths = [p if p.endswith(".json") else os.path.join(p, "report.json")
                for p in _COMPARE.value]
+      for given, path in zip(_COMPARE.value, paths):
+        if not os.path.isfile(path):
+          cli.fail(PROG, f"--compare: {given} is neither an evaluate workdir (with "
+                   "report.json) nor a report.json file")
       print(report_lib.compare_reports(paths))
       return
+    config = cli.config_value(PROG, default=DEFAULT_CONFIG)
+    if cli.PRINT_CONFIG.value:
+      cli.print_config_and_exit(config, DEFAULT_CONFIG)
     if not cli.WORKDIR.value:
       cli.fail(PROG, "--workdir is required")
-    config = cli.config_value(PROG, default=DEFAULT_CONFIG)
     if _STEP.value is not None and not _CHECKPOINT.value:
       cli.fail(PROG, "--step needs --checkpoint (a training workdir)")
     suite.run(config, os.path.abspath(cli.WORKDIR.value), _CHECKPOINT.value,
@@ -91,4 +96,5 @@ def _records_kept(workdir: str | None) -> str:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main, PROG, __doc__, own=("checkpoint", "compare", "transcripts", "print_config"),
+          shared=("config", "workdir", "step"))

@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 
-from absl import app
 from absl import flags
 from absl import logging
 
@@ -153,4 +152,5 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main, PROG, __doc__, own=("out", "push_to_hub", "max_shard_bytes"),
+          shared=("workdir", "step"))

@@ -269,7 +269,10 @@ def load_model(path: str, vocab_size: int = 0, step: int | None = None
   if step is not None:
     ckpt_path = os.path.join(path, ckpt_lib.CHECKPOINT_SUBDIR, str(step))
     if not os.path.isdir(os.path.join(ckpt_path, "model")):
-      raise config_utils.ConfigError(f"{path}: no checkpoint for step {step}")
+      have = ckpt_lib.saved_steps(os.path.join(path, ckpt_lib.CHECKPOINT_SUBDIR))
+      raise config_utils.ConfigError(
+          f"{path}: no checkpoint for step {step}; saved steps: "
+          f"{', '.join(map(str, have)) or 'none'}")
   found = ckpt_lib.find_checkpoint(ckpt_path)
   abstract_model = nnx.eval_shape(lambda: qwen3.Qwen3(model_cfg, rngs=nnx.Rngs(0)))
   graphdef, abstract = nnx.split(abstract_model)

@@ -25,7 +25,6 @@ from __future__ import annotations
 import os
 import sys
 
-from absl import app
 from absl import flags
 from absl import logging
 import jax
@@ -65,6 +64,8 @@ def main(argv) -> None:
     # Orbax logs every file it writes at INFO; keep the console readable.
     logging.set_verbosity(logging.WARNING)
   config = cli.config_value(PROG)
+  if cli.PRINT_CONFIG.value:
+    cli.print_config_and_exit(config)
   if config.get("model") is not None and config.model.get("attention") == "tokamax":
     try:   # the optional package: say so now, not after the demonstrations
       attention_lib.import_tokamax()
@@ -95,4 +96,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main, PROG, __doc__, own=("dry_run", "fake_devices", "print_config"))

@@ -40,3 +40,46 @@ def test_unknown_keys_and_files_are_one_line_errors(tmp_path):
     lines = p.stderr.strip().splitlines()
     assert lines[-1].startswith("paraagent_jax.train: error: ") and want in lines[-1], p.stderr
     assert "Traceback" not in p.stderr
+
+
+def _run(module, *args):
+  return subprocess.run([sys.executable, "-m", f"paraagent_jax.{module}", *args], cwd=ROOT,
+                        capture_output=True, text=True, timeout=600,
+                        env=dict(os.environ, PYTHONPATH=ROOT))
+
+
+def test_help_lists_the_real_flags_and_exits_0():
+  for module, want in [("train", ("--config", "--workdir", "--[no]dry_run", "--[no]print_config")),
+                       ("evaluate", ("--config", "--workdir", "--step", "--checkpoint",
+                                     "--compare")),
+                       ("export_hf", ("--workdir", "--step", "--out"))]:
+    p = _run(module, "--help")
+    assert p.returncode == 0, (module, p.stderr[-1000:])
+    for flag in want:
+      assert f"  {flag}:" in p.stdout, (module, flag, p.stdout)
+  assert "--print_config" in _run("train", "-h").stdout
+
+
+def test_print_config_shows_every_key_and_the_default_an_override_changed():
+  p = _train("--config=configs/demo.py:runlocal", "--config.rl.iterations=3", "--print_config")
+  assert p.returncode == 0, p.stderr[-1000:]
+  lines = p.stdout.splitlines()
+  assert "rl.iterations = 3    (default: 56)" in lines
+  assert any(ln.startswith("model.attention = ") for ln in lines)
+  assert "rl.grpo.levels = 'traj,phase,step'" in lines   # not overridden: no default shown
+
+
+def test_a_flag_value_that_does_not_parse_is_one_line():
+  p = _train("--config=configs/demo.py", "--config.rl.iterations=abc", "--workdir=/tmp/x")
+  assert p.returncode == 1
+  assert p.stderr.strip().splitlines() == [
+      "paraagent_jax.train: error: flag --config.rl.iterations=abc: invalid literal for "
+      "int() with base 10: 'abc'"]
+
+
+def test_compare_with_a_missing_directory_says_what_it_wanted(tmp_path):
+  p = _run("evaluate", f"--compare={tmp_path / 'nope'}")
+  assert p.returncode == 1
+  assert p.stderr.strip().splitlines() == [
+      f"paraagent_jax.evaluate: error: --compare: {tmp_path / 'nope'} is neither an evaluate "
+      "workdir (with report.json) nor a report.json file"]
