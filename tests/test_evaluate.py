@@ -67,6 +67,8 @@ def test_records_carry_transcripts_and_the_report_shows_them(oracle_run, capsys)
   out = capsys.readouterr().out
   assert out.count(": solved\n[task]") == 2
   assert "report " + os.path.join(d, "report.md") in out
+  assert (f"plots report_success_by_kind.png, report_turns_vs_success.png, "
+          f"report_calls_per_step.png in {d}") in out
   assert "failed episodes by cause, toolenv-procedural/oracle/paraact: none failed" in out
   table = out.split("toolenv-procedural / oracle")[0]
   assert "Transcripts" not in table

@@ -388,6 +388,9 @@ def write_report(records: Sequence[dict[str, Any]], workdir: str,
   return paths
 
 
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+
+
 def write_plots(records: Sequence[dict[str, Any]], report: dict[str, Any],
                 workdir: str, name: str = "report") -> dict[str, str]:
   """Success by kind and strategy; turns vs success; calls-per-step histogram.
@@ -427,7 +430,8 @@ def write_plots(records: Sequence[dict[str, Any]], report: dict[str, Any],
         ax.text(x, (y or 0) + 1.5, "-" if y is None else f"{y:.0f}", ha="center",
                 va="bottom", fontsize=6, color=b.get_facecolor())
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(kinds))], kinds,
-                  rotation=30 if len(kinds) > 5 else 0, fontsize=7)
+                  rotation=30 if len(kinds) > 5 else 0, fontsize=9)
+    ax.set_xlabel("task kind")
     ax.set_ylabel("success % (of tasks of the kind)")
     ax.set_ylim(0, 110)
     _legend_below(ax, len(runs))
@@ -436,9 +440,16 @@ def write_plots(records: Sequence[dict[str, Any]], report: dict[str, Any],
 
   fig, axes = _panels(len(by_bench), 5)
   for ax, ((bench,), runs) in zip(axes, by_bench):
-    for run in runs:
-      ax.scatter([run["overall"]["turns"] or 0], [100 * run["overall"]["success"]],
-                 label=f"{run['policy']}/{run['strategy']}", s=40, alpha=0.8)
+    for i, run in enumerate(runs):
+      # A marker shape per run and its name beside it: runs at the same point
+      # (every oracle strategy at 100%) stay apart.
+      x, y = run["overall"]["turns"] or 0, 100 * run["overall"]["success"]
+      label = f"{run['policy']}/{run['strategy']}"
+      dots = ax.scatter([x], [y], label=label, s=50, alpha=0.85,
+                        marker=_MARKERS[i % len(_MARKERS)])
+      ax.annotate(run["strategy"], (x, y), xytext=(4, -10 - 9 * (i % 6)),
+                  textcoords="offset points", fontsize=7,
+                  color=dots.get_facecolor()[0])
     ax.set_xlabel("mean turns per task")
     ax.set_ylabel("success %")
     ax.set_ylim(-3, 103)   # fixed: all-zero runs sit on 0, not mid-axis

@@ -215,8 +215,10 @@ def _run(config, workdir: str, checkpoint: str, transcripts: int, step: int | No
             f"{causes_lib.one_line(run['analysis'], 'multi_tool')}", flush=True)
   for ex in report["transcripts"][:max(0, int(transcripts))]:
     print(report_lib.format_transcript(ex, max_chars=0) + "\n", flush=True)
+  pngs = [os.path.basename(v) for k, v in rep.items() if k.startswith("plot_")]
   print(f"evaluate: report {rep['markdown']} (every column, per-kind turns and "
         f"calls, example transcripts), "
-        f"{rep['json']}; per-task records with transcripts in {workdir}/records",
+        f"{rep['json']}; plots {', '.join(pngs)} in {workdir}; "
+        f"per-task records with transcripts in {workdir}/records",
         flush=True)
   return rep
