@@ -9,7 +9,7 @@ products with distinct weights so that the weights stream from the cache
 hierarchy as in a decode step (one weight would stay in L2), and the largest
 difference between each form's products and the first's: the same numbers up
 to rounding. `Qwen3.decode_weights` uses the fastest form measured here for
-the decode step's MLP and LM head (docs/sampler_speed.md, sixteenth session).
+the decode step's MLP and LM head (docs/records/sampler_speed.md, sixteenth session).
 
   .venv/bin/python benchmarks/dot_forms.py
   .venv/bin/python benchmarks/dot_forms.py --batch=8 --shapes=256x768,256x4096

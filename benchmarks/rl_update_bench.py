@@ -107,7 +107,7 @@ def main(argv=None):
     print(f"| {name:55s} | {int(r[6]):15d} | {med:8.2f} | {r[3]:17.1f} | {med / base:7.2f} |")
   losses = [r[5] for r in runs.values()]
   print(f"first-step loss: scan {losses[0]:.6f}, sorted {losses[1]:.6f} "
-        f"(same update; tests/test_grpo.py checks it)")
+        f"(same update; tests/learner/test_grpo.py checks it)")
 
 
 if __name__ == "__main__":

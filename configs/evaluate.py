@@ -19,7 +19,7 @@ import ml_collections
 
 from paraagent_jax import config_utils
 
-# configs/demo.py's rl.max_obs_tokens (tests/test_evaluate.py keeps them equal).
+# configs/demo.py's rl.max_obs_tokens (tests/evaluation/test_evaluate.py keeps them equal).
 DEMO_MAX_OBS_TOKENS = 640
 
 

@@ -60,7 +60,7 @@ from paraagent_jax.models import qwen3
 _COMPILED: dict[Any, Any] = {}
 
 # `Sampler(cache_steps=None)` on the CPU, for a `max_len` of at least
-# `_AUTO_CACHE_STEPS_MIN_LEN` slots (docs/sampler_speed.md).
+# `_AUTO_CACHE_STEPS_MIN_LEN` slots (docs/records/sampler_speed.md).
 _AUTO_CACHE_STEPS = 4
 _AUTO_CACHE_STEPS_MIN_LEN = 128
 

@@ -44,7 +44,7 @@ def argmax(x, axis: int = -1):
   0.07 ms for this (measured), i.e. ~7% of a batch-32 decode step. The iota
   is float32 (exact below 2**24 entries): XLA:CPU ran the int32 min as a tree
   of reduce-windows, and the float one 35% faster (42 against 65 us a step at
-  [32, 4096]; docs/sampler_speed.md).
+  [32, 4096]; docs/records/sampler_speed.md).
   """
   v = x.shape[axis]
   if v > 1 << 24:
@@ -62,7 +62,7 @@ def token_logprob(logits, tok, axis: int = -1):
   The same arithmetic as `jax.nn.log_softmax` (shift by the row max, minus
   the log of the sum of exponentials) at the picked token only: the full
   log-softmax wrote a [B, V] array every decode step (~2% of a batch-32
-  decode call on the CPU; docs/sampler_speed.md).
+  decode call on the CPU; docs/records/sampler_speed.md).
   """
   m = jnp.max(logits, axis=axis, keepdims=True)
   lse = jnp.log(jnp.sum(jnp.exp(logits - m), axis=axis))

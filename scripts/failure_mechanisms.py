@@ -1,7 +1,7 @@
 r"""Counts the copying and binding errors behind the multi-tool failure causes.
 
 `toolenv.diagnosis` names one cause per failed episode; this script looks one
-level further into ToolEnv evaluation records (docs/rl_robustness.md, section 1):
+level further into ToolEnv evaluation records (docs/records/rl_robustness.md, section 1):
 
 * calls of tool names that do not exist, split by how the name was made: the
   provider of one sub-goal joined to the operation of another sub-goal's gold

@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/openapi_oracle.py                  # 1000 x 5 kinds x 2 splits
     .venv/bin/python scripts/openapi_oracle.py --n 50 --others 20
-    .venv/bin/python scripts/openapi_oracle.py --fixture        # tests/data specs, no cache
+    .venv/bin/python scripts/openapi_oracle.py --fixture        # tests/fixtures specs, no cache
 
 For every split and kind it generates ``--n`` tasks with
 ``TaskGenerator(load_catalog("openapi"), seed)``, plays the paraact oracle on
@@ -29,7 +29,7 @@ from toolenv.catalog import openapi  # noqa: E402  pylint: disable=wrong-import-
 from toolenv.catalog.store import Catalog  # noqa: E402  pylint: disable=wrong-import-position
 
 FIXTURE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                       "tests", "data", "openapi_tasks")
+                       "tests", "fixtures", "openapi_tasks")
 
 
 def fixture_catalog(path: str = FIXTURE):
@@ -60,7 +60,7 @@ def main(argv=None) -> int:
                   help="tasks per split and kind for react/plan_execute/interleaved")
   ap.add_argument("--seed", type=int, default=0)
   ap.add_argument("--fixture", action="store_true",
-                  help="use the specs in tests/data/openapi_tasks instead of the cache")
+                  help="use the specs in tests/fixtures/openapi_tasks instead of the cache")
   args = ap.parse_args(argv)
   t0 = time.time()
   cat = fixture_catalog() if args.fixture else toolenv.load_catalog("openapi")

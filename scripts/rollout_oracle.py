@@ -10,7 +10,7 @@ the demo's is), parses it back and steps a `VectorToolEnv`. For each strategy,
 split and task kind it prints the trajectory success rate, mean turns and
 parse errors; the exit status is 1 unless every episode succeeded with no
 parse error and no truncation. This is the acceptance check of the ParaAct
-protocol issue (issue 5); `tests/test_rollout.py` runs a smaller version.
+protocol issue (issue 5); `tests/paraact/test_rollout.py` runs a smaller version.
 """
 
 from __future__ import annotations

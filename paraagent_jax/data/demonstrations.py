@@ -78,7 +78,7 @@ epochs before. Still a pure function of (seed, position): resuming is exact.
     300), but by a fixed-offset copy: S always has the same length, and the
     model copies 0% of "induction" rows. Only "induction" rows need (and
     teach) an induction head, which forms far more slowly
-    (docs/cpu_demo.md, section 3).
+    (docs/records/cpu_demo.md, section 3).
   copy_every: after the warm-ups, every this many batches is a copy batch
     (train split only; default 0: none), so the copying skill is kept while
     the demonstrations train (copy rows alone at the start were forgotten).

@@ -19,7 +19,7 @@ Per policy token (``valid = loss_mask > 0`` and position < ``seq_len``):
 Metrics also report the sampler/trainer gap ``|logp - old_logp|`` on the
 policy tokens (``logp_gap_mean``, ``logp_gap_max``): at the first pass over
 a batch the parameters are the sampler's, so it measures only the numerical
-mismatch (~0 on the CPU in fp32; tests/test_grpo.py).
+mismatch (~0 on the CPU in fp32; tests/learner/test_grpo.py).
 
 Aggregation (weights are computed on the whole batch before micro-batching,
 so accumulation is exact):

@@ -78,7 +78,7 @@ CPU_QUERY_BLOCK = 128
 # continuation) on the CPU, when `attention_chunk` is larger: fewer scores
 # past the longest live row. 32 x 64-token prefill of the demo model into a
 # 192-slot cache: 15 ms for its 4 layers' cache attention, against 37 ms
-# with blocks of 256 (docs/sampler_speed.md).
+# with blocks of 256 (docs/records/sampler_speed.md).
 CPU_CHUNK_KEY_BLOCK = 64
 
 
@@ -621,7 +621,7 @@ def cache_attention(q, k_cache, v_cache, positions, bound, block: int = 256,
   # axis, and the values a [G*T, S] x [S, H] one: plain matrix products.
   # Written with separate G and T axes, XLA:CPU laid the scores out [S, G*T]
   # and transposed them, or ran the value product as a multiply and a reduce
-  # (docs/sampler_speed.md).
+  # (docs/records/sampler_speed.md).
   qm = jnp.transpose(q.reshape(b, t, kh, g, h), (0, 2, 3, 1, 4)).reshape(
       b, kh, g * t, h)
   scale = h ** -0.5

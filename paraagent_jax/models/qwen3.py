@@ -91,7 +91,7 @@ def apply_rope(x, tables, by_matmul: bool = False):
   then the same multiplies and adds). The cache path uses it: XLA:CPU ran
   the concatenate, fused with the q/k norms, at ~5 ns an element, and the
   product made the batch-32 decode call ~5-7% faster
-  (docs/sampler_speed.md). The cache-free forward (training) keeps the
+  (docs/records/sampler_speed.md). The cache-free forward (training) keeps the
   concatenate, which accelerators fuse for free.
   """
   cos, sin = tables
@@ -453,7 +453,7 @@ class Qwen3(nnx.Module):
     sampler bench) by each weight. XLA:CPU runs that product at ~105-112
     GFLOP/s with the weight [In, Out] and at ~137-154 with it [Out, In] and
     the product written [Out, B] ("OI,BI->OB"); written [B, Out] it is the
-    slowest form, ~90 (docs/sampler_speed.md). The tied LM head's weight, the
+    slowest form, ~90 (docs/records/sampler_speed.md). The tied LM head's weight, the
     embedding [V, D], is out-major already; the MLP's are copied, transposed.
     `sampling.Sampler` builds these once per set of weights (holding a second
     copy of the MLP's weights while they are current) and its decode loop

@@ -122,10 +122,18 @@ def pipeline_summary(config, workdir: str) -> str:
                      f"{ev.get('success', float('nan')):.1%}")
       lines.append(f"         report {sub}/rl_report.md, learning curve "
                    f"{sub}/rl_curve.png and rl_curve.jsonl")
-  lines.append(f"  next: python -m paraagent_jax.evaluate --workdir={workdir}/eval "
-               f"--checkpoint={workdir}/{config.pipeline.stages[-1]}  (full report); "
-               f"python -m paraagent_jax.export_hf --workdir={workdir}/"
-               f"{config.pipeline.stages[-1]} --out=/tmp/hf")
+  last = config.pipeline.stages[-1]
+  if config.get("runlocal"):
+    ev = (f"python -m paraagent_jax.evaluate --config=configs/evaluate.py:runlocal "
+          f"--workdir={workdir}/eval --checkpoint={workdir}/{last}  (10 tasks per "
+          "strategy, about a minute)")
+  else:
+    ev = (f"python -m paraagent_jax.evaluate --config=configs/evaluate.py:strategies=paraact "
+          f"--workdir={workdir}/eval --checkpoint={workdir}/{last}  (the full report on "
+          "200 held-out tasks: 3-4 minutes on 2 CPU cores for the demo model; without "
+          "strategies=, one such run per strategy, four)")
+  lines.append(f"  next: {ev}; python -m paraagent_jax.export_hf --workdir={workdir}/"
+               f"{last} --out=/tmp/hf")
   return "\n".join(lines)
 
 
