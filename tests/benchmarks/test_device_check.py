@@ -47,6 +47,7 @@ def test_shellcheck_clean():
   assert res.returncode == 0, res.stdout + res.stderr
 
 
+@pytest.mark.slow
 def test_steps_run_and_summary_collects_figures(tmp_path):
   res = _run(DEVICE_CHECK_ANY_BACKEND="1", DEVICE_CHECK_LOGS=str(tmp_path), **TINY)
   out = res.stdout
@@ -70,6 +71,7 @@ def test_steps_run_and_summary_collects_figures(tmp_path):
   assert "device_check: all steps passed" in out
 
 
+@pytest.mark.slow
 def test_a_failed_check_fails_the_script(tmp_path):
   # A negative tolerance: every fp32 comparison fails, whatever the numbers.
   res = _run(DEVICE_CHECK_ANY_BACKEND="1", DEVICE_CHECK_LOGS=str(tmp_path),

@@ -5,10 +5,12 @@ import os
 import re
 import subprocess
 import sys
+import pytest
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+@pytest.mark.slow
 def test_draw_bench_prints_both_draws_and_their_distributions_agree():
   out = subprocess.run(
       [sys.executable, os.path.join(_ROOT, "benchmarks", "draw_bench.py"),

@@ -5,10 +5,12 @@ import os
 import re
 import subprocess
 import sys
+import pytest
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+@pytest.mark.slow
 def test_sampler_bench_runs_with_a_growing_cache_and_matches_transformers():
   # prompt 8 + 8 new tokens, cache_steps=2: the cache starts at 8 slots and
   # grows to 16 during decode; the tokens must still equal transformers'.
@@ -28,6 +30,7 @@ def test_sampler_bench_runs_with_a_growing_cache_and_matches_transformers():
   assert 0 < lo <= med <= hi, rows[0]
 
 
+@pytest.mark.slow
 def test_pair_ratios_by_hand():
   # Ratios of the pairs (2/1, 3/1, 4/2) = (2, 3, 2): median 2, min 2, max 3.
   # A subprocess: importing the bench pins the process's CPUs.

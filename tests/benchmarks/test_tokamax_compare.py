@@ -4,6 +4,7 @@ import os
 import re
 import subprocess
 import sys
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SMALL = ["--seq=256", "--heads=4", "--kv_heads=2", "--head_dim=16",
@@ -16,6 +17,7 @@ def _run(args, **env):
                         text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_small_run_agrees_and_prints_both_tables():
   res = _run(SMALL)
   assert res.returncode == 0, res.stdout + res.stderr
@@ -42,6 +44,7 @@ def test_without_tokamax_it_says_how_to_install(tmp_path):
   assert "pip install tokamax" in res.stderr
 
 
+@pytest.mark.slow
 def test_bad_arguments_are_clear_errors():
   res = _run(["--heads=6", "--kv_heads=4"])
   assert res.returncode == 2 and "--heads must be a multiple of --kv_heads" in res.stderr

@@ -15,6 +15,7 @@ import train_step_bench  # pylint: disable=g-import-not-at-top,wrong-import-posi
 from paraagent_jax.models import qwen3  # pylint: disable=g-import-not-at-top
 
 
+@pytest.mark.slow
 def test_einsum_projections_equal_the_2d_dots_and_are_restored():
   """The bench's old projections (batched einsums) give the model's values.
 

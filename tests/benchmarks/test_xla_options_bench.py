@@ -24,6 +24,7 @@ def _run(*args):
                         check=False)
 
 
+@pytest.mark.slow
 def test_table_rows_per_variant_with_same_tokens():
   variants = {"default": {},
               "own dots": {"xla_cpu_experimental_ynn_fusion_type": ""}}

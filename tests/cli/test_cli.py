@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -14,6 +15,7 @@ def _train(*args, cwd=ROOT):
                         env=dict(os.environ, PYTHONPATH=ROOT))
 
 
+@pytest.mark.slow
 def test_dotted_overrides_reach_the_run_and_its_config_json(tmp_path):
   wd = str(tmp_path / "run")
   p = _train("--config=configs/sft_tiny.py:log_every=1", "--config.total_steps=2",
@@ -27,6 +29,7 @@ def test_dotted_overrides_reach_the_run_and_its_config_json(tmp_path):
   assert saved["sharding"]["rules"]["batch"] == "data,fsdp"
 
 
+@pytest.mark.slow
 def test_unknown_keys_and_files_are_one_line_errors(tmp_path):
   for args, want in [
       (["--config=configs/sft_tiny.py", "--config.total_stepz=2"],
@@ -48,6 +51,7 @@ def _run(module, *args):
                         env=dict(os.environ, PYTHONPATH=ROOT))
 
 
+@pytest.mark.slow
 def test_help_lists_the_real_flags_and_exits_0():
   for module, want in [("train", ("--config", "--workdir", "--[no]dry_run", "--[no]print_config")),
                        ("evaluate", ("--config", "--workdir", "--step", "--checkpoint",

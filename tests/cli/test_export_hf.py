@@ -26,6 +26,9 @@ from paraagent_jax import tokenizer as tok_lib
 from paraagent_jax import train
 from paraagent_jax.models import qwen3
 
+# Slow as a whole: every test needs a trained workdir (a module fixture).
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = os.path.join(ROOT, "configs", "sft_tiny.py")
 ARGS = "runlocal,progress=False,tensorboard=False,eval_every=0"

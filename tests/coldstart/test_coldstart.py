@@ -257,6 +257,7 @@ def test_chat_backend_against_local_server(cat, tmp_path):
   assert len(os.listdir(tmp_path / "cache")) == rs.backend.misses
 
 
+@pytest.mark.slow
 def test_build_demonstrations_writes_the_contract(tmp_path):
   cfg = ConfigDict({"data": {"catalog": "procedural", "num_tasks": 20,
                              "backend": "scripted", "seed": 0}})
@@ -288,6 +289,7 @@ def test_build_demonstrations_writes_the_contract(tmp_path):
   assert on_disk["train"]["per_kind"].keys() == set(toolenv.KINDS)
 
 
+@pytest.mark.slow
 def test_build_demonstrations_with_the_chat_backend(full_cat, tmp_path):
   gen = toolenv.TaskGenerator(full_cat, seed=0)
   responder = _Responder(gen.generate(4, "train") + gen.generate(2, "test"), delay=0.0)

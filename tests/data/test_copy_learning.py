@@ -35,6 +35,7 @@ from paraagent_jax.learner import optimizer as optim
 from toolenv.catalog import procedural
 from toolenv.executor import digest
 from toolenv.tasks import TEST_FRACTION
+import pytest
 
 NOUNS = ("waitlist", "invoice", "gym", "ticket", "order", "booking", "playlist",
          "account", "station", "recipe", "device", "shipment")
@@ -85,6 +86,7 @@ def _batch(rows, pad, seq_len):
   return tokens, loss, att
 
 
+@pytest.mark.slow
 def test_small_model_copies_unseen_provider_names():
   train_names, test_names = _names()
   assert len(test_names) > 50 and not set(test_names) & set(train_names)

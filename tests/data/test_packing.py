@@ -241,6 +241,7 @@ def _train(cfg, workdir, total_steps):
           metrics_lib.read_jsonl(os.path.join(str(workdir), "metrics.jsonl"))}
 
 
+@pytest.mark.slow
 def test_packed_sft_run_resumes_exactly(cfg, tok, tmp_path, capsys):
   del tok
   # 8 rows a step over an 8-device mesh; the 13 demonstrations fill ~6 rows,
@@ -284,6 +285,7 @@ def _nll_sum(model, batch):
   return float(-(logp * mask).sum())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attention", ["reference", "chunked"])
 def test_packed_loss_equals_one_demonstration_per_row(attention):
   cfg = qwen3.Qwen3Config.preset("tiny", attention=attention, attention_chunk=16,

@@ -54,6 +54,7 @@ def _recs(d, bench, strategy, policy="oracle"):
   return runner.read_records(runner.records_path(d, bench, policy, strategy))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("setting", ["open", "closed"])
 def test_bfcl_oracle_scores_100_under_every_strategy(oracle_run, setting):
   for s in STRATEGIES:
@@ -72,6 +73,7 @@ def test_bfcl_oracle_scores_100_under_every_strategy(oracle_run, setting):
   assert turns["react"]["parallel_0"] == want_react
 
 
+@pytest.mark.slow
 def test_stabletoolbench_oracle_metrics(oracle_run):
   for setting in ("open", "closed"):
     for s in STRATEGIES:
@@ -166,6 +168,7 @@ def test_bfcl_episode_calls_are_scored_by_the_checker():
   assert [x.name for x in closed.given["simple_python_0"]] == ["calc_area"]
 
 
+@pytest.mark.slow
 def test_random_tiny_model_runs_and_is_scored_on_bfcl(tmp_path):
   from toolenv.catalog import bfcl as bfcl_cat  # pylint: disable=g-import-not-at-top
   entries = bfcl_cat.load_entries(BFCL, ("simple_python", "parallel"))

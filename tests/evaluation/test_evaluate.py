@@ -24,6 +24,7 @@ def oracle_run(tmp_path_factory):
   return d, evaluate.run(small_config(), d)
 
 
+@pytest.mark.slow
 def test_oracle_scores_100_percent_under_every_strategy(oracle_run):
   d, _ = oracle_run
   recs = {s: runner.read_records(runner.records_path(
@@ -43,6 +44,7 @@ def test_oracle_scores_100_percent_under_every_strategy(oracle_run):
     assert os.path.exists(os.path.join(d, f))
 
 
+@pytest.mark.slow
 def test_records_carry_transcripts_and_the_report_shows_them(oracle_run, capsys):
   d, _ = oracle_run
   recs = runner.read_records(runner.records_path(d, "toolenv-procedural", "oracle",
@@ -74,6 +76,7 @@ def test_records_carry_transcripts_and_the_report_shows_them(oracle_run, capsys)
   assert "Transcripts" not in table
 
 
+@pytest.mark.slow
 def test_interrupted_evaluation_resumes_to_the_same_records(oracle_run, tmp_path):
   d, _ = oracle_run
   src = runner.records_path(d, "toolenv-procedural", "oracle", "paraact")

@@ -100,6 +100,7 @@ def _jax_inputs(d):
           for k, v in d.items()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("normalize", ["mean_std", "mean"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_matches_numpy_reference(seed, normalize):
@@ -164,6 +165,7 @@ def _hand_example():
   }
 
 
+@pytest.mark.slow
 def test_hand_worked_example():
   d = _hand_example()
   r = np.sqrt(1.5)
@@ -182,6 +184,7 @@ def test_hand_worked_example():
                                err_msg=f"{normalize} {levels}")
 
 
+@pytest.mark.slow
 def test_synthetic_batch_matches_reference():
   b = batch_lib.synthetic_batch(7, batch_size=8, seq_len=48, num_steps=6,
                                 num_phases=4, group_size=4, vocab_size=32)

@@ -155,6 +155,7 @@ def test_logprob_convention_and_entropy():
   np.testing.assert_allclose(ent, want_ent, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean"])
 @pytest.mark.parametrize("beta", [0.0, 0.05])
 def test_traj_only_loss_equals_numpy_plain_grpo(aggregation, beta):
@@ -210,6 +211,7 @@ def test_truncated_importance_sampling_equals_numpy():
   assert 0.0 < float(m["tis_capped_frac"]) < 1.0       # some weights capped, some not
 
 
+@pytest.mark.slow
 def test_tis_without_a_gap_is_the_plain_loss_and_gradient():
   """On-policy with no sampler/trainer gap the weights are 1: same loss and
   gradient as with TIS off (what the CPU in fp32 gives: the gap is ~0)."""
@@ -232,6 +234,7 @@ def test_tis_cap_is_checked():
     grpo.GRPOConfig(tis_cap=0.5)
 
 
+@pytest.mark.slow
 def test_seq_len_not_loss_mask_bounds_the_tokens():
   """Policy tokens past seq_len are ignored; holes in the mask are fine."""
   model, batch, logp = fixed_logits_case(2)
@@ -243,6 +246,7 @@ def test_seq_len_not_loss_mask_bounds_the_tokens():
   np.testing.assert_allclose(float(loss), want, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_entropy_metric_and_bonus():
   model, batch, _ = fixed_logits_case(3)
   _, ent = np_logprobs(np.asarray(model.logits[...]),
@@ -342,6 +346,7 @@ def assert_trees_close(a, b, atol):
     np.testing.assert_allclose(x, y, atol=atol, rtol=atol)
 
 
+@pytest.mark.slow
 def test_mesh_2x2x2_matches_one_device():
   cfg = grpo.GRPOConfig(beta=0.02, clip_eps_high=0.28)
   p1, m1, _ = run_steps(mesh_of((1, 1, 1)), cfg)
@@ -361,6 +366,7 @@ def test_mesh_2x2x2_matches_one_device():
              zip(jax.tree.leaves(p0), jax.tree.leaves(p1))) > 1e-3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean"])
 def test_two_micro_batches_equal_one_full_batch(aggregation):
   mesh = mesh_of((2, 2, 2))
@@ -375,6 +381,7 @@ def test_two_micro_batches_equal_one_full_batch(aggregation):
       np.testing.assert_allclose(a[k], b[k], rtol=2e-5, atol=1e-6, err_msg=k)
 
 
+@pytest.mark.slow
 def test_sft_step_accumulation_and_mesh():
   one = grpo.GRPOConfig(num_micro_batches=1)
   two = grpo.GRPOConfig(num_micro_batches=2)
@@ -517,6 +524,7 @@ def run_qwen3_steps(mesh, n_steps=2, **overrides):
   return jax.tree.map(np.asarray, ts.split_params(state)[0]), metrics, state
 
 
+@pytest.mark.slow
 def test_qwen3_step_on_2x2x2_mesh_matches_one_device():
   p1, m1, _ = run_qwen3_steps(mesh_of((1, 1, 1)))
   p8, m8, state8 = run_qwen3_steps(mesh_of((2, 2, 2)))
@@ -528,6 +536,7 @@ def test_qwen3_step_on_2x2x2_mesh_matches_one_device():
   assert any(not s.is_fully_replicated for s in shardings)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mesh_shape", [(1, 1, 1), (2, 2, 2)])
 def test_logits_capacity_gives_the_same_grpo_steps(mesh_shape):
   """`model.logits_capacity`: the head at the policy tokens only, same update.
@@ -552,6 +561,7 @@ def test_logits_capacity_gives_the_same_grpo_steps(mesh_shape):
   assert_trees_close(p0, p1, 1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("with_ref,mesh_shape", [(True, (1, 1, 1)), (False, (1, 1, 1)),
                                                  (True, (2, 2, 2))])
 def test_length_sorted_micro_batches_equal_the_scan_step(with_ref, mesh_shape):

@@ -60,6 +60,7 @@ def _value_and_grads(impl, q, k, v, w, mask, seg, **kw):
   return loss, out, grads
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl,block", [("chunked", 16), ("chunked", 7),
                                         ("chunked", 512), ("xla", 0),
                                         ("reference", 0), ("blocked", 13),
@@ -82,6 +83,7 @@ def test_paths_match_reference_forward_and_grads(impl, block, n, k):
     np.testing.assert_allclose(g, r, atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("left_padded", [False, True])
 def test_tokamax_unpacked_rows_match_reference(left_padded):
   """attention='tokamax' without segment ids: right-padded rows go as lengths.
@@ -106,6 +108,7 @@ def test_tokamax_unpacked_rows_match_reference(left_padded):
     np.testing.assert_allclose(g, r, atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 def test_tokamax_takes_the_lengths_call_only_for_right_padded_rows(monkeypatch):
   """Which tokamax call runs (recorded on the device through a callback)."""
   import tokamax  # pylint: disable=g-import-not-at-top
@@ -134,6 +137,7 @@ def test_tokamax_takes_the_lengths_call_only_for_right_padded_rows(monkeypatch):
   assert calls == ["lengths", "mask", "lengths", "mask"]
 
 
+@pytest.mark.slow
 def test_cudnn_dispatch_falls_back_unless_right_padded(monkeypatch):
   """`impl="cudnn"` passes per-row lengths only for right-padded batches.
 
@@ -176,6 +180,7 @@ def test_tokamax_missing_package_is_a_clear_error(monkeypatch):
                         impl="tokamax", block=8)
 
 
+@pytest.mark.slow
 def test_segments_do_not_attend_across():
   """A packed row equals its segments run one per row."""
   t, h = 40, 8
@@ -191,6 +196,7 @@ def test_segments_do_not_attend_across():
     np.testing.assert_allclose(packed[:, lo:hi], alone, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_splash_kernel_in_interpreter_matches_reference():
   """The Pallas TPU splash kernel, run by the Pallas interpreter on the CPU."""
   b, t, n, k, h = 1, 256, 4, 2, 128   # the kernel's tile sizes: 128 multiples
@@ -229,6 +235,7 @@ def test_resolve_auto_and_unknown():
     qwen3.Qwen3Config.preset("tiny", attention="flash")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("s,block,t", [(50, 16, 4), (64, 64, 4), (40, 512, 4),
                                        (150, 256, 4), (50, 16, 1), (40, 512, 1),
                                        (150, 256, 1)])
@@ -269,6 +276,7 @@ def tiny_pair():
   return chunked, full
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("temperature,entropy", [(1.0, False), (0.7, True)])
 def test_chunked_logprobs_equal_unchunked_with_grads(tiny_pair, temperature,
                                                      entropy):
@@ -304,6 +312,7 @@ def test_chunked_logprobs_equal_unchunked_with_grads(tiny_pair, temperature,
   np.testing.assert_allclose(lp0[:, 1:], ref, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chunk,entropy,fuller_row", [
     (0, False, False), (8, True, False), (0, True, True), (8, False, True)])
 def test_compact_logprobs_equal_masked_full_with_grads(chunk, entropy,
@@ -396,6 +405,7 @@ def _largest_f32_array(compiled) -> int:
   return max(sizes, default=0)
 
 
+@pytest.mark.slow
 def test_chunked_logprobs_hold_no_full_logits():
   """The compiled gradient of a chunked loss never allocates [B,T,V] fp32."""
   cfg = qwen3.Qwen3Config.preset("tiny", vocab_size=4096, attention_chunk=128)
@@ -426,6 +436,7 @@ def test_chunked_logprobs_hold_no_full_logits():
   assert temp(chunked) - temp(body) < full_logits / 4, (temp(body), temp(chunked))
 
 
+@pytest.mark.slow
 def test_decode_program_holds_no_copy_of_the_cache():
   """The compiled decode loop's temporaries are far below one cache."""
   cfg = qwen3.Qwen3Config.preset("tiny", attention_chunk=128)

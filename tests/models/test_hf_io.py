@@ -65,6 +65,7 @@ def assert_real_close(ref, got, mask, atol=1e-4):
   np.testing.assert_allclose(got[real], ref[real], atol=atol, rtol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tied,kv", [(True, 2), (False, 4), (False, 2)])
 def test_logits_match_transformers_with_padding(tmp_path, tied, kv):
   hf, d = make_hf(tmp_path, "m", tied=tied, kv=kv)
@@ -77,6 +78,7 @@ def test_logits_match_transformers_with_padding(tmp_path, tied, kv):
     assert_real_close(hf_logits(hf, ids, mask), got, mask)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attention", ["auto", "chunked", "reference", "xla"])
 def test_logits_match_transformers_at_2048_tokens(tmp_path, attention):
   """Rows of 2,048 tokens (right- and left-padded) through every CPU path.
@@ -150,6 +152,7 @@ def test_sharded_safetensors_load_and_scan_layers(tmp_path):
   assert_real_close(ref, hf_logits(back, ids, mask), mask)
 
 
+@pytest.mark.slow
 def test_load_onto_8_device_mesh_is_split_and_matches(tmp_path):
   assert jax.device_count() == 8
   hf, d = make_hf(tmp_path, "m", tied=False, kv=2)

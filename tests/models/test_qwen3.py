@@ -29,6 +29,7 @@ def _chunk(graphdef, state, ids, cache, num_new):
   return model.forward_chunk(ids, cache, num_new)
 
 
+@pytest.mark.slow
 def test_forward_chunk_ragged_prefill_continue_decode_matches_full(tiny):
   rng = np.random.default_rng(0)
   seqs = [list(rng.integers(0, 512, n)) for n in (11, 7, 9)]
@@ -57,6 +58,7 @@ def test_forward_chunk_ragged_prefill_continue_decode_matches_full(tiny):
     np.testing.assert_allclose(np.stack(got[b]), full, atol=2e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_forward_chunk_logits_at_equals_full_chunk_and_same_cache(tiny):
   """With `logits_at` the last layer computes only those positions' outputs.
 
@@ -112,6 +114,7 @@ def _untied_copy(model):
   return untied
 
 
+@pytest.mark.slow
 def test_decode_weights_give_the_logits_of_forward_chunk(tiny):
   """The CPU decode step's out-major weights: the same logits and cache.
 
@@ -193,6 +196,7 @@ def test_decode_step_writes_its_products_out_major(tiny):
   assert {f"{b},{f}", f"{b},{v}"} <= plain, plain
 
 
+@pytest.mark.slow
 def test_forward_chunk_zero_new_leaves_row_untouched(tiny):
   cache = tiny.init_cache(2, 8)
   ids = jnp.asarray([[1, 2, 3], [4, 5, 6]], jnp.int32)
@@ -207,6 +211,7 @@ def test_forward_chunk_zero_new_leaves_row_untouched(tiny):
   assert not np.allclose(k[:, 1, :, 2], k_before[:, 1, :, 2])
 
 
+@pytest.mark.slow
 def test_padding_beyond_capacity_is_dropped_not_clamped(tiny):
   # A near-full row with a wide padded chunk: the padding writes would fall
   # past the cache end; a clamped write would corrupt the real slots.
@@ -234,6 +239,7 @@ def _stacked_copy(model):
   return scanned
 
 
+@pytest.mark.slow
 def test_scan_layers_and_remat_match_loop(tiny):
   scanned = _stacked_copy(tiny)
   ids = jax.random.randint(jax.random.key(3), (2, 9), 0, 512)
@@ -282,6 +288,7 @@ def _assert_same_model(model, want, ids, mask):
     np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block", [8, 5])
 def test_attention_blocks_match_dense(tiny, block):
   """Causal query blocks (`attention_block`) of the reference path = the
@@ -301,6 +308,7 @@ def test_attention_blocks_match_dense(tiny, block):
     qwen3.Qwen3Config.preset("tiny", attention_block=-1)
 
 
+@pytest.mark.slow
 def test_tokamax_attention_model_matches_default(tiny):
   """The whole model with `attention="tokamax"` (opt-in package): forward and
   log-prob gradients equal the default path's, with right padding (the
@@ -317,6 +325,7 @@ def test_tokamax_attention_model_matches_default(tiny):
     _assert_same_model(tk, tiny, ids, jnp.asarray(mask))
 
 
+@pytest.mark.slow
 def test_token_logprobs_match_numpy_log_softmax(tiny):
   ids = jax.random.randint(jax.random.key(4), (2, 6), 0, 512)
   logits = np.asarray(tiny(ids), np.float64)
@@ -330,6 +339,7 @@ def test_token_logprobs_match_numpy_log_softmax(tiny):
   np.testing.assert_allclose(logprobs.model_logprobs(tiny, ids), ref, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_presets_parameter_counts_and_hf_dict_round_trip():
   # Published sizes: Qwen3-0.6B 0.6B (0.44B non-embedding), 4B 4.0B, 8B 8.2B.
   counts = {}
@@ -347,6 +357,7 @@ def test_presets_parameter_counts_and_hf_dict_round_trip():
     qwen3.Qwen3Config.preset("tiny", num_kv_heads=3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scan", [False, True])
 def test_resized_cache_steps_equal_full_cache_steps(tiny, scan):
   """Chunks on a small cache, grown by `resize_cache`, equal the full cache's."""

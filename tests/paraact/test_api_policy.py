@@ -68,6 +68,7 @@ def test_api_policy_solves_tasks_through_the_rollout(cat):
              for r in sent for m in r["messages"])
 
 
+@pytest.mark.slow
 def test_evaluate_with_policy_api_end_to_end(cat, tmp_path):
   c = config_utils.load_config("configs/evaluate.py:runlocal")
   c.policy = "api"

@@ -156,6 +156,7 @@ def _tiny(tok, seed):
   return qwen3.Qwen3(cfg, rngs=nnx.Rngs(seed))
 
 
+@pytest.mark.slow
 def test_tiny_model_batch_is_consistent(catalog, gen, tok):
   model = _tiny(tok, 0)
   fmt = chat_format.ChatFormat(tok, "paraact", system_prompt=_SYSTEM)
@@ -201,6 +202,7 @@ def test_tiny_model_batch_is_consistent(catalog, gen, tok):
   assert batch.shape == (_B, max_len, 3, 3)
 
 
+@pytest.mark.slow
 def test_token_budget_truncates_and_finishes_env(catalog, gen, tok):
   model = _tiny(tok, 1)
   fmt = chat_format.ChatFormat(tok, "paraact", system_prompt=_SYSTEM)

@@ -8,11 +8,13 @@ import os
 import re
 import subprocess
 import sys
+import pytest
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+@pytest.mark.slow
 def test_profile_table_accounts_for_the_traced_thunks():
   # A cache that grows once in the call (8 then 16 slots: the 4-token prompt
   # fits 8, the 12 new tokens need 16), so two decode programs and a resize

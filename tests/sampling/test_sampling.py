@@ -127,6 +127,7 @@ def test_argmax_is_numpys_first_maximum_and_nan_wins():
   np.testing.assert_array_equal(got_t, got)
 
 
+@pytest.mark.slow
 def test_greedy_tokens_and_logprobs_match_transformers(models):
   hf, model = models
   prompts = _prompts(0, [7, 3, 12, 1])
@@ -141,6 +142,7 @@ def test_greedy_tokens_and_logprobs_match_transformers(models):
   np.testing.assert_array_equal(out.processed_logprobs, 0.0)  # greedy: prob 1
 
 
+@pytest.mark.slow
 def test_ragged_batch_equals_each_prompt_alone(models):
   _, model = models
   prompts = _prompts(1, [2, 9, 5])
@@ -151,6 +153,7 @@ def test_ragged_batch_equals_each_prompt_alone(models):
     np.testing.assert_allclose(batch.logprobs[b], alone.logprobs[0], atol=1e-5)
 
 
+@pytest.mark.slow
 def test_continuation_equals_recompute_and_transformers(models):
   hf, model = models
   prompts = _prompts(2, [6, 4, 9])
@@ -179,6 +182,7 @@ def test_continuation_equals_recompute_and_transformers(models):
     assert _row(again, b) + _row(rest, b) == _row(first, b)
 
 
+@pytest.mark.slow
 def test_functional_continue_generation(models):
   hf, model = models
   prompts = _prompts(4, [5, 8])
@@ -223,6 +227,7 @@ def test_stop_sequences_and_stop_ids_per_row(models):
   assert out.lengths[0] <= 7 and out.lengths[1] <= 6
 
 
+@pytest.mark.slow
 def test_sampling_seeded_and_restricted(models):
   hf, model = models
   prompt = _prompts(6, [5])[0]
@@ -278,6 +283,7 @@ def _sample_many(logits, n, **kw):
   return np.asarray(toks)[:, 0], np.asarray(lps)[:, 0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("draw", ["gumbel", "inverse_cdf"])
 @pytest.mark.parametrize("kw,support", [
     (dict(top_k=2), [0, 1]),
@@ -298,6 +304,7 @@ def test_top_k_top_p_support_and_frequencies(kw, support, draw):
                              atol=1e-5)
 
 
+@pytest.mark.slow
 def test_inverse_cdf_draw_matches_the_distribution_across_blocks():
   """A vocabulary of 300 (5 blocks of 64, the last one partial) with mass in
   every block, zero-probability entries (-inf) that must never come out, and
@@ -331,6 +338,7 @@ def test_inverse_cdf_draw_matches_the_distribution_across_blocks():
                                   use_top_p=False, draw="nope")
 
 
+@pytest.mark.slow
 def test_bucketing_avoids_recompiles_and_counts_tokens(models):
   _, model = models
   # Only chunk/budget buckets make programs: the cache attention's bound is
@@ -364,6 +372,7 @@ def _compiled_texts(n_before):
   return [c.as_text() for c in list(sampling._COMPILED.values())[n_before:]]  # pylint: disable=protected-access
 
 
+@pytest.mark.slow
 def test_compiler_options_reach_xla_and_keep_tokens(models):
   """`compiler_options` compile this sampler's programs apart, with the options.
 
@@ -400,6 +409,7 @@ def test_compiler_options_reach_xla_and_keep_tokens(models):
     bad.prefill(prompts)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("temperature", [0.0, 1.3])
 def test_growing_cache_equals_the_full_cache(models, temperature):
   """A cache that grows in steps gives the outputs of one at full capacity.
@@ -456,6 +466,7 @@ def test_growing_cache_equals_the_full_cache(models, temperature):
     sampling.Sampler(model, batch_size=3, max_len=64, cache_steps=0)
 
 
+@pytest.mark.slow
 def test_cache_blocks_across_turns_match_transformers(models):
   """Histories grow through many cache-attention blocks, mid-turn included."""
   hf, model = models
@@ -483,6 +494,7 @@ def test_cache_blocks_across_turns_match_transformers(models):
   assert out.state.stats.compilations <= warm + 1
 
 
+@pytest.mark.slow
 def test_capacity_errors_and_budget_clipping(models):
   _, model = models
   sampler = sampling.Sampler(model, batch_size=2, max_len=16)

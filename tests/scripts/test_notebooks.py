@@ -51,6 +51,7 @@ def text_of(nb) -> str:
   return "\n".join(parts)
 
 
+@pytest.mark.slow
 def test_quickstart_runs_end_to_end(tmp_path):
   work = str(tmp_path / "qs")
   nb = execute("quickstart.ipynb", {"QUICKSTART_SMALL": "1",

@@ -70,6 +70,7 @@ def test_procedural_catalog_size_and_determinism():
   assert get.meta["consumes"][idf] in lister.meta["produces"].values()
 
 
+@pytest.mark.slow
 def test_full_catalog_is_exactly_50011(tmp_path):
   cat = toolenv.load_catalog("procedural", seed=0, cache_dir=str(tmp_path))
   assert len(cat) == 50011 and len(set(cat.names)) == 50011

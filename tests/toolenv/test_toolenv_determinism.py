@@ -95,6 +95,7 @@ def run_digest(cat, gen, n=60):
   return h_tasks.hexdigest(), h_obs.hexdigest()
 
 
+@pytest.mark.slow
 def test_same_seed_same_digests_other_seed_differs(cat, gen):
   a = run_digest(cat, gen)
   # A catalog loaded again from disk and a fresh generator: nothing shared.
@@ -159,6 +160,7 @@ def test_test_split_uses_no_train_provider(cat, oracle_tasks):
   assert len(providers(test)) > 50        # the split is not trivially small
 
 
+@pytest.mark.slow
 def test_demo_main_prints_task_and_success(gen):
   buf = io.StringIO()
   with contextlib.redirect_stdout(buf):

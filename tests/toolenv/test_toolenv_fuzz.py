@@ -160,6 +160,7 @@ def _check(res, step, where):
   assert all(s in ("error", "violation") for s in statuses), (where, step, res.info)
 
 
+@pytest.mark.slow
 def test_malformed_steps_never_raise(cat, tasks):
   step_st = _junk_strategies(cat, tasks)
   venv = toolenv.VectorToolEnv(cat, num_envs=NUM_ENVS)

@@ -103,6 +103,7 @@ def cat():
   return toolenv.load_catalog("procedural", seed=0)
 
 
+@pytest.mark.slow
 def test_record_plans_equal_reference_generation(cat):
   e = ex.Executor(cat, seed=3)
   state = e.new_state()

@@ -18,6 +18,9 @@ import pytest
 from paraagent_jax import config_utils
 from paraagent_jax import dry_run
 
+# Slow as a whole: every test needs the dry run's compiled programs (a module fixture).
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SPEC = ("configs/paraagent_4b.py:runlocal,mesh.data=2,mesh.fsdp=2,"
         "mesh.tensor=2,batch_size=8")

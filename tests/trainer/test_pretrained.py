@@ -77,6 +77,7 @@ def damaged(tmp_path):
   return str(d)
 
 
+@pytest.mark.slow
 def test_damaged_copy_is_refused_with_one_line(damaged, tmp_path):
   with pytest.raises(ValueError, match="model.safetensors: checksum mismatch"):
     hf_io.load_hf(damaged)
@@ -99,6 +100,7 @@ def test_damaged_copy_is_refused_with_one_line(damaged, tmp_path):
   assert "Traceback" not in out.stderr
 
 
+@pytest.mark.slow
 def test_smoke_run_rl_updates_and_reports_spread(tmp_path):
   """configs/demo.py:runlocal: RL from the shipped policy has groups with
   reward spread, so the smoke run's update is real (a 20-step model failed
@@ -124,6 +126,7 @@ def test_smoke_run_rl_updates_and_reports_spread(tmp_path):
 SHIPPED_RL = os.path.join(ROOT, "pretrained", "demo_rl")
 
 
+@pytest.mark.slow
 def test_shipped_rl_policy_is_intact_is_demo_sft_after_rl_and_matches_transformers():
   """`pretrained/demo_rl`: checksums hold, the architecture and tokenizer are
   demo_sft's, the weights moved (it is the RL stage's output, not a copy), and

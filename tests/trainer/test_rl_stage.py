@@ -53,6 +53,7 @@ def rl_config(tok_dir, **rl):
   return c
 
 
+@pytest.mark.slow
 def test_rl_runs_logs_levels_and_checkpoints(tok_dir, tmp_path):
   d = str(tmp_path)
   cfg = rl_config(tok_dir, task_sampling="pass_rate", length_buckets="256,512")
@@ -152,6 +153,7 @@ def test_kind_weights_hand_worked():
   assert rl_tasks.kind_weights(hist, ["chain"], 4, 5, floor=0.5)["chain"] == 0.5
 
 
+@pytest.mark.slow
 def test_sample_tasks_follows_weights_and_is_deterministic():
   gen = toolenv.TaskGenerator(toolenv.load_catalog("procedural", seed=0), seed=0)
   kinds = ["single", "chain"]
@@ -174,6 +176,7 @@ def test_sample_tasks_follows_weights_and_is_deterministic():
     rl_tasks.sample_tasks(gen, 1, 4, kinds, rr, [])
 
 
+@pytest.mark.slow
 def test_behaviour_by_kind_and_oracle_hand_worked():
   recs = [{"kind": "single", "turns": 3, "calls_per_step": [1]},
           {"kind": "single", "turns": 5, "calls_per_step": [1, 2]},
@@ -218,6 +221,7 @@ def test_missing_tokenizer_is_a_config_error(tmp_path):
     rl_lib.run_rl(c, str(tmp_path / "w"))
 
 
+@pytest.mark.slow
 def test_kl_reference_is_the_starting_policy_even_after_resume(tok_dir, tmp_path):
   """beta > 0: the frozen reference is where RL started, not where it resumed."""
   d = str(tmp_path)
@@ -272,6 +276,7 @@ def test_learning_curve_running_mean_and_png(tmp_path):
     assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_train_catalog_seed_trains_on_other_providers(tok_dir, tmp_path, monkeypatch):
   """rl.train_catalog_seed: training tasks (and their env) from another
   catalog seed, held-out evaluation still on catalog_seed's test split."""

@@ -91,6 +91,7 @@ def test_reference_loss_matches_numpy_cross_entropy(reference):
   np.testing.assert_allclose(float(reference["loss"]), want, rtol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", MESHES, ids=lambda s: "x".join(map(str, s)))
 def test_sharded_logits_and_grads_match_one_device(reference, shape):
   mesh = _mesh(shape)

@@ -119,6 +119,7 @@ def reference(tok_dir, env, tmp_path_factory):
   return workdir
 
 
+@pytest.mark.slow
 def test_sigint_saves_the_iteration_and_rerun_ends_like_an_uninterrupted_run(
     tok_dir, env, reference, tmp_path):
   """Ctrl-C in RL: the iteration under way finishes and is saved, one line,
@@ -145,6 +146,7 @@ def test_sigint_saves_the_iteration_and_rerun_ends_like_an_uninterrupted_run(
   assert records(workdir) == records(reference)
 
 
+@pytest.mark.slow
 def test_sigkill_mid_run_and_rerun_ends_exactly_like_an_uninterrupted_run(
     tok_dir, env, reference, tmp_path):
   workdir = str(tmp_path / "killed")
@@ -262,6 +264,7 @@ def test_rollout_seeds_depend_on_key_and_iteration_only():
   assert rl_lib.iteration_seed(jax.random.PRNGKey(1), 1) != seeds[0]
 
 
+@pytest.mark.slow
 def test_sft_nan_stops_naming_step_metric_and_last_good_checkpoint(tmp_path):
   base = ("progress=False,tensorboard=False,eval_every=0,total_steps=8,"
           "ckpt_every=3,log_every=4,keep_ckpts=0")

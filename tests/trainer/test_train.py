@@ -92,6 +92,7 @@ def assert_one_line_error(proc, *fragments):
     assert frag in last, last
 
 
+@pytest.mark.slow
 def test_resume_from_a_mid_run_checkpoint_is_exact(reference_run, tmp_path):
   # "Killed right after step 50 was saved": only that checkpoint survives.
   workdir = str(tmp_path / "resumed")
@@ -109,6 +110,7 @@ def test_resume_from_a_mid_run_checkpoint_is_exact(reference_run, tmp_path):
     np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_sigkill_and_rerun_ends_with_the_same_loss(reference_run, tmp_path):
   workdir = str(tmp_path / "killed")
   first_ckpt = os.path.join(workdir, "checkpoints", "10")
@@ -132,6 +134,7 @@ def test_sigkill_and_rerun_ends_with_the_same_loss(reference_run, tmp_path):
     np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_sigint_saves_the_step_and_rerun_ends_with_the_same_loss(reference_run, tmp_path):
   """Ctrl-C: the step under way finishes and is saved, one line, exit 130;
   rerunning resumes from exactly that step and ends where an uninterrupted
@@ -163,6 +166,7 @@ def test_sigint_saves_the_step_and_rerun_ends_with_the_same_loss(reference_run, 
     np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_corrupt_checkpoint_stops_with_one_line(reference_run, tmp_path):
   workdir = str(tmp_path / "corrupt")
   dst = os.path.join(workdir, "checkpoints", "30")
@@ -175,6 +179,7 @@ def test_corrupt_checkpoint_stops_with_one_line(reference_run, tmp_path):
   assert_one_line_error(proc, "no readable checkpoint", "step 30")
 
 
+@pytest.mark.slow
 def test_truncated_checkpoint_file_one_line_for_evaluate_export_and_train_falls_back(
     reference_run, tmp_path):
   """One data file of the newest step cut short (a full disk, a bad copy)."""
@@ -243,6 +248,7 @@ def test_pipeline_sft2_needs_sft_and_known_keys(tmp_path):
     config_utils.merge_nested(cfg, {"optimizer": {"lr": 0.5}}, "x")
 
 
+@pytest.mark.slow
 def test_wrong_key_and_missing_hf_dir_stop_with_one_line(tmp_path):
   proc = run_train(str(tmp_path / "a"), "optimizer.learnig_rate=1.0",
                    check=False)
@@ -262,6 +268,7 @@ def tiny_config(**changes):
   return c
 
 
+@pytest.mark.slow
 def test_nan_stops_with_step_metric_and_last_good_checkpoint(tmp_path):
   c = tiny_config(**{"optimizer.learning_rate": 1e30,
                      "optimizer.max_grad_norm": 0.0,
@@ -289,6 +296,7 @@ def one_step(mesh, workdir):
   return float(out["loss"]), state
 
 
+@pytest.mark.slow
 def test_one_step_on_a_2x2x2_mesh_matches_one_device(tmp_path):
   assert jax.device_count() == 8
   one = shd.make_mesh({"data": 1, "fsdp": 1, "tensor": 1},
@@ -350,6 +358,7 @@ def test_rl_stage_without_tokenizer_and_unknown_stage(tmp_path):
     train.run(c, str(tmp_path))
 
 
+@pytest.mark.slow
 def test_pipeline_runs_stages_in_subdirs_and_hands_sft_to_rl(tmp_path,
                                                             monkeypatch):
   seen = {}
@@ -374,6 +383,7 @@ def test_pipeline_runs_stages_in_subdirs_and_hands_sft_to_rl(tmp_path,
   assert not seen
 
 
+@pytest.mark.slow
 def test_init_from_orbax_starts_from_those_weights(reference_run, tmp_path):
   c = tiny_config(total_steps=1, log_every=1, init_from=reference_run)
   out = sft_lib.run_sft(c, str(tmp_path))
