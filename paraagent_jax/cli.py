@@ -216,8 +216,10 @@ def format_config(config: ml_collections.ConfigDict,
 def print_config_and_exit(config: ml_collections.ConfigDict,
                           default_path: str | None = None) -> NoReturn:
   """``--print_config``: the resolved config against the file's own values."""
-  path = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--config=")),
-              default_path)
+  try:   # FILE[:arg] as given, in either flag form
+    path = flags.FLAGS["config"].config_filename or default_path
+  except config_flags_lib.UnparsedFlagError:   # no --config given
+    path = default_path
   default = None
   if path:
     try:

@@ -87,3 +87,13 @@ def test_compare_with_a_missing_directory_says_what_it_wanted(tmp_path):
   assert p.stderr.strip().splitlines() == [
       f"paraagent_jax.evaluate: error: --compare: {tmp_path / 'nope'} is neither an evaluate "
       "workdir (with report.json) nor a report.json file"]
+
+
+@pytest.mark.slow
+def test_print_config_reads_the_file_in_either_flag_form_and_the_default_one():
+  p = _train("--config", "configs/demo.py:runlocal", "--print_config")   # space form
+  assert p.returncode == 0, p.stderr[-1000:]
+  assert "rl.iterations = 2    (default: 56)" in p.stdout.splitlines()
+  p = _run("evaluate", "--print_config")                               # no --config
+  assert p.returncode == 0, p.stderr[-1000:]
+  assert "num_per_kind = 40" in p.stdout.splitlines()
