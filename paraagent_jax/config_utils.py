@@ -221,6 +221,14 @@ def load_config(spec: str) -> ml_collections.ConfigDict:
   return config
 
 
+def parse_list(text, sep: str = ",") -> list[str]:
+  """``"a,b,,c"`` -> ``["a", "b", "c"]`` (a config's list of names; a tuple or
+  list passes through). Every list-valued config key is read with this."""
+  if isinstance(text, (tuple, list)):
+    return [str(x) for x in text]
+  return [p.strip() for p in str(text or "").split(sep) if p.strip()]
+
+
 def to_dict(config) -> dict:
   """A plain, JSON-serialisable dict of a ConfigDict (tuples as lists)."""
   if isinstance(config, (ml_collections.ConfigDict, dict)):
@@ -464,18 +472,6 @@ def with_defaults(cfg, defaults: ml_collections.ConfigDict) -> ml_collections.Co
     items = cfg.items() if hasattr(cfg, "items") else vars(cfg).items()
     out.update({k: v for k, v in items if v is not None})
   return ml_collections.ConfigDict(out)
-
-
-def rl_catalog(config) -> str:
-  """The catalog RL (and the SFT greedy evaluation) draws tasks from:
-  ``rl.catalog``, else the demonstrations' ``data.catalog``, else procedural."""
-  return config.rl.get("catalog", "") or config.data.get("catalog", "") or "procedural"
-
-
-def rl_micro_batches(config) -> int:
-  """Micro-batches of the RL step: ``rl.num_micro_batches``, 0 = the SFT one."""
-  return (int(config.rl.get("num_micro_batches", 0))
-          or int(config.num_micro_batches))
 
 
 def merge_nested(config, overrides, where: str = "overrides") -> None:

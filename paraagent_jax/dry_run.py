@@ -59,6 +59,7 @@ from paraagent_jax.learner import grpo
 from paraagent_jax.learner import optimizer as optim
 from paraagent_jax.learner import sft_loss
 from paraagent_jax.learner import step as ts
+from paraagent_jax.trainer import specs
 from paraagent_jax.trainer import state as state_lib
 
 GIB = 2 ** 30
@@ -160,18 +161,6 @@ def rl_batch(config, mesh):
       **{k: sds(shape, d, sh[k]) for k, (shape, d) in fields.items()})
 
 
-def grpo_config(config) -> dict:
-  """``config.rl.grpo`` as the RL stage hands it to `grpo.make_train_step`."""
-  gcfg = dict(config.rl.grpo.to_dict())
-  levels = gcfg.get("levels", "traj,phase,step")
-  if isinstance(levels, str):
-    levels = tuple(s.strip() for s in levels.split(",") if s.strip())
-  gcfg["levels"] = tuple(levels)
-  # As the RL stage: rl.num_micro_batches, 0 = the SFT setting.
-  gcfg["num_micro_batches"] = config_utils.rl_micro_batches(config)
-  return gcfg
-
-
 def compiled_stats(lowered, do_compile: bool) -> dict[str, Any]:
   """Compile time and per-device buffer sizes of a lowered program."""
   if not do_compile:
@@ -231,10 +220,10 @@ def run_dry(config, *, do_compile: bool | Sequence[str] = True,
     config.init_from = ""
   model_cfg = rundir.model_config(config)
   mesh = _mesh_for(config, len(jax.devices()))
-  optimizer = optim.make_optimizer(state_lib.optimizer_config(config))
+  optimizer = optim.make_optimizer(specs.optimizer_config(config))
   graphdef, abstract, shardings, opt_abs, opt_sh = (
       state_lib.abstract_train_state(mesh, optimizer, model_cfg,
-                                     state_lib.sharding_rules(config)))
+                                     specs.run_spec(config).rules))
   state = ckpt_lib.with_shardings(abstract, shardings)
   opt_state = ckpt_lib.with_shardings(opt_abs, opt_sh)
   replicated = NamedSharding(mesh, PartitionSpec())
@@ -270,7 +259,7 @@ def run_dry(config, *, do_compile: bool | Sequence[str] = True,
 
   out("programs:")
   # SFT: the step run_sft builds (make_sft_train_step over the same loss).
-  state_lib.check_batch_divides(config, mesh)
+  state_lib.check_batch_divides(config.batch_size, config.num_micro_batches, mesh)
   sft = ts.build_train_step(graphdef, optimizer, sft_loss.SFT_LOSS_FNS, mesh,
                             num_micro_batches=config.num_micro_batches)
   batch = sft_batch(config, mesh)
@@ -279,7 +268,7 @@ def run_dry(config, *, do_compile: bool | Sequence[str] = True,
 
   # RL: the step run_rl builds, called as it calls it (with its frozen
   # reference state when the KL term is on).
-  rl_step = grpo.make_train_step(graphdef, optimizer, grpo_config(config), mesh)
+  rl_step = grpo.make_train_step(graphdef, optimizer, specs.grpo_config(config), mesh)
   tbatch = rl_batch(config, mesh)
   ref = state if config.rl.grpo.beta > 0 else None
   lower("rl" if ref is None else "rl+ref",
@@ -349,7 +338,7 @@ def largest_activations(config, model_cfg, mesh) -> dict[str, int]:
   dense = model_cfg.attention in ("reference", "xla")
   rl = config.rl
   out = {}
-  rl_micro = config_utils.rl_micro_batches(config)
+  rl_micro = specs.rl_micro_batches(config)
   for name, rows, t, m in (
       ("sft", config.batch_size, config.seq_len, config.num_micro_batches),
       ("rl", rl.tasks_per_iter * rl.group_size, rl.max_len, rl_micro)):

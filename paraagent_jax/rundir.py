@@ -26,11 +26,13 @@ Atomic file writes are `paraagent_jax.fileio`'s.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import socket
 import sys
 import time
+from typing import Any
 
 from flax import nnx
 import jax
@@ -219,25 +221,49 @@ def check_init_from(path: str) -> str:
       f"*.safetensors) nor an Orbax checkpoint (checkpoints/<step>/)")
 
 
-def model_config(config, vocab_size: int = 0) -> qwen3.Qwen3Config:
-  """The Qwen3Config: from ``init_from``'s HF config.json, else the preset.
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+  """A run's model settings: ``model.*`` and ``init_from``, read once.
 
-  Args:
-    config: the run config (reads ``model.*`` and ``init_from``).
-    vocab_size: the data's vocabulary, used when ``model.vocab_size`` is 0.
+  `qwen3_config` resolves them: ``init_from``'s HF config.json when it is an
+  HF directory (with the other ``model.*`` keys as overrides), else the
+  preset, its vocabulary ``vocab_size`` or (when that is 0) the data's.
   """
+  preset: str
+  vocab_size: int
+  overrides: tuple[tuple[str, Any], ...]
+  init_from: str = ""
+
+  def qwen3_config(self, vocab_size: int = 0) -> qwen3.Qwen3Config:
+    """The Qwen3Config; ``vocab_size``: the data's, used when the spec's is 0."""
+    overrides = dict(self.overrides)
+    vocab = int(self.vocab_size) or int(vocab_size)
+    try:
+      if check_init_from(self.init_from) == "hf":
+        with open(os.path.join(self.init_from, "config.json")) as f:
+          return qwen3.Qwen3Config.from_hf_dict(json.load(f), **overrides)
+      if vocab:
+        overrides["vocab_size"] = vocab
+      return qwen3.Qwen3Config.preset(self.preset, **overrides)
+    except (ValueError, TypeError) as e:
+      raise config_utils.ConfigError(f"model: {e}") from None
+
+
+def model_spec(config) -> ModelSpec:
+  """The `ModelSpec` of a run config (reads ``model.*`` and ``init_from``)."""
   m = config.model
-  overrides = {k: m[k] for k in m.keys() if k not in ("preset", "vocab_size")}
-  vocab = int(m.vocab_size) or int(vocab_size)
-  try:
-    if check_init_from(config.init_from) == "hf":
-      with open(os.path.join(config.init_from, "config.json")) as f:
-        return qwen3.Qwen3Config.from_hf_dict(json.load(f), **overrides)
-    if vocab:
-      overrides["vocab_size"] = vocab
-    return qwen3.Qwen3Config.preset(m.preset, **overrides)
-  except (ValueError, TypeError) as e:
-    raise config_utils.ConfigError(f"model: {e}") from None
+  overrides = []
+  for k in m.keys():
+    if k not in ("preset", "vocab_size"):
+      overrides.append((k, m[k]))
+  return ModelSpec(preset=m.preset, vocab_size=int(m.vocab_size), overrides=tuple(overrides),
+                   init_from=str(config.get("init_from", "") or ""))
+
+
+def model_config(config, vocab_size: int = 0) -> qwen3.Qwen3Config:
+  """The Qwen3Config of a run config (`model_spec` resolved with the data's
+  ``vocab_size``)."""
+  return model_spec(config).qwen3_config(vocab_size)
 
 
 def load_model(path: str, vocab_size: int = 0, step: int | None = None

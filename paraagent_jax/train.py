@@ -76,7 +76,7 @@ def main(argv) -> None:
   if not cli.WORKDIR.value:
     cli.fail(PROG, "--config and --workdir are required")
   try:
-    state_lib.maybe_initialize_distributed(config)
+    state_lib.maybe_initialize_distributed(config.get("distributed", "auto"))
     workdir = os.path.abspath(cli.WORKDIR.value)
     # One run per workdir (primary host only: the hosts of a job share it).
     with rundir.held(workdir, enabled=jax.process_index() == 0), \

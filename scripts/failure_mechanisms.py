@@ -31,6 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import toolenv
+from paraagent_jax.evaluation import heldout
 from paraagent_jax.evaluation import runner
 from paraagent_jax.paraact import strategies
 
@@ -108,7 +109,8 @@ def main(argv=None) -> int:
   parse = strategies.get_strategy(a.strategy).parse_step
   total: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
   for path, seed in zip(a.records, a.task_seed):
-    tasks = runner.toolenv_tasks(catalog, num_per_kind=a.num_per_kind, seed=seed)
+    tasks = heldout.HeldOut(heldout.HeldOutSpec(num_tasks=5 * a.num_per_kind, task_seed=seed),
+                            catalog=catalog).tasks
     got = count(runner.read_records(path), tasks, catalog, parse)
     print(f"{path} (task seed {seed}):")
     for group, c in got.items():

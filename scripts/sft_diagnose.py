@@ -16,13 +16,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from flax import nnx  # noqa: E402  pylint: disable=wrong-import-position
 import ml_collections  # noqa: E402  pylint: disable=wrong-import-position
 from paraagent_jax import checkpoint as ckpt_lib  # noqa: E402  pylint: disable=wrong-import-position
-from paraagent_jax import config_utils  # noqa: E402  pylint: disable=wrong-import-position
 from paraagent_jax import rundir  # noqa: E402  pylint: disable=wrong-import-position
 from paraagent_jax import sharding as shd  # noqa: E402  pylint: disable=wrong-import-position
 from paraagent_jax import tokenizer as tok_lib  # noqa: E402  pylint: disable=wrong-import-position
-from paraagent_jax.evaluation import greedy  # noqa: E402  pylint: disable=wrong-import-position
+from paraagent_jax.evaluation import heldout  # noqa: E402  pylint: disable=wrong-import-position
 from paraagent_jax.paraact import chat_format, policies, rollout  # noqa: E402  pylint: disable=wrong-import-position
 from paraagent_jax.trainer import rl_tasks  # noqa: E402  pylint: disable=wrong-import-position
+from paraagent_jax.trainer import specs  # noqa: E402  pylint: disable=wrong-import-position
 from paraagent_jax.trainer import state as state_lib  # noqa: E402  pylint: disable=wrong-import-position
 import toolenv  # noqa: E402  pylint: disable=wrong-import-position
 
@@ -48,7 +48,7 @@ def main():
                                        ckpt_lib.with_shardings(abstract, shardings))
   rl = config.rl
   fmt = chat_format.ChatFormat(tok, strategy=rl.strategy)
-  catalog = toolenv.load_catalog(config_utils.rl_catalog(config), seed=rl.catalog_seed)
+  catalog = toolenv.load_catalog(specs.rl_catalog(config), seed=rl.catalog_seed)
   gen = toolenv.TaskGenerator(catalog, seed=rl.task_seed)
   kinds = [k for k in rl.kinds.split(",") if k]
   tasks = rl_tasks.draw_tasks(gen, args.split, args.start, args.n, kinds)
@@ -57,8 +57,8 @@ def main():
   env = toolenv.VectorToolEnv(catalog, num_envs=len(tasks),
                               obs_format=str(config.data.get("obs_format", "full")),
                               **toolenv.oracle.env_options(rl.strategy))
-  res = rollout.run_rollout(policy, env, tasks, fmt, greedy.rollout_config(rl))
-  print(json.dumps(greedy.summarize(tasks, res.episodes)))
+  res = rollout.run_rollout(policy, env, tasks, fmt, specs.rollout_limits(rl))
+  print(json.dumps(heldout.summarize([{**e, "kind": t.kind} for t, e in zip(tasks, res.episodes)])))
   for i in range(min(args.show, len(tasks))):
     buf = res.buffers[i]
     print("=" * 30, tasks[i].kind, "success", res.episodes[i]["success"])

@@ -99,6 +99,7 @@ from paraagent_jax.data import copy_stats
 from paraagent_jax.data import demo_tokenizer
 from paraagent_jax.data import packing
 from paraagent_jax.data import tfds_builders
+from paraagent_jax.data import warmup
 # The row encoding and the length buckets (re-exported for callers).
 from paraagent_jax.data.rows import bucket_lengths, encode_demonstrations  # pylint: disable=unused-import
 
@@ -344,101 +345,32 @@ class DemonstrationSFTData:
     return ids, mask
 
   def copy_batch(self, index: int) -> dict[str, np.ndarray]:
-    """Synthetic copy batch ``index``: a pure function of (seed, index, host).
-
-    A row is a series of pairs ``<|im_start|>user\\n S <|im_end|>\\n
-    <|im_start|>assistant\\n S <|im_end|>\\n``, S 4-24 tokens: half the
-    time a span of a training demonstration, half the time tokens drawn at
-    random from them (so only copying predicts it). The loss is on the
-    assistant's S and its ``<|im_end|>``.
-    """
+    """Synthetic copy batch ``index`` (`warmup.copy_pair_rows`, or
+    `warmup.repeat_rows` for ``copy_mode`` "repeat"/"induction"): a pure
+    function of (seed, index, host)."""
     b, t = self.copy_rows, min(self.copy_len, self.seq_len)
     rng = np.random.default_rng([self._seed, 7919, index, self._process_index])
-    head, mid, tail, n_end = self._copy_glue
-    tokens, loss_mask, attention = self._empty_batch(b, t)
     if self.copy_mode in ("repeat", "induction"):
-      return self._repeat_rows(rng, tokens, loss_mask, attention, mid,
-                               vary=self.copy_mode == "induction")
-    for r in range(b):
-      ids, mask = [], []
-      while True:
-        ex = self._examples[int(rng.integers(self.num_examples))][0]
-        n = int(rng.integers(4, 25))
-        if rng.random() < 0.5:
-          start = int(rng.integers(max(1, len(ex) - n)))
-          span = [int(x) for x in ex[start:start + n]]
-        else:
-          span = [int(x) for x in ex[rng.integers(len(ex), size=n)]]
-        span = [x for x in span if x not in self._special] or [int(ex[0])]
-        pair = head + span + mid + span + tail
-        if len(ids) + len(pair) > t:
-          break
-        ids += pair
-        mask += ([0] * (len(head) + len(span) + len(mid)) + [1] * (len(span) + n_end)
-                 + [0] * (len(tail) - n_end))
-      tokens[r, :len(ids)] = ids
-      loss_mask[r, :len(ids)] = mask
-      attention[r, :len(ids)] = 1
-    return {"tokens": tokens, "loss_mask": loss_mask, "attention_mask": attention}
-
-  def _repeat_rows(self, rng, tokens, loss_mask, attention, sep, vary: bool = False):
-    """``copy_mode="repeat"`` rows: ``S sep S`` with the loss on the second S.
-
-    S has ``(T - len(sep)) // 2`` distinct tokens drawn uniformly from the
-    non-special vocabulary, so nothing but the first copy predicts the
-    second and every token of S names one position of it (drawing S from
-    demonstration text instead, with its many repeated quotes and spaces,
-    made the task ambiguous and the copy loss fell 3x slower).
-    """
-    b, t = tokens.shape
-    n = (t - len(sep)) // 2
-    pool = np.setdiff1d(np.arange(self.vocab_size, dtype=np.int32),
-                        np.asarray(sorted(self._special), np.int32))
-    n = min(n, len(pool))
-    for r in range(b):
-      # vary ("induction"): a random-length span after a random-length
-      # prefix of random tokens, so the copy's offset differs row to row and
-      # only matching content (not a fixed relative position) finds it.
-      m = int(rng.integers(max(4, n // 4), n + 1)) if vary else n
-      span = rng.choice(pool, size=m, replace=False).astype(np.int32)
-      pre = (rng.choice(pool, size=int(rng.integers(0, n - m + 1)) * 2).astype(np.int32)
-             if vary else np.zeros(0, np.int32))
-      row = np.concatenate([pre, span, np.asarray(sep, np.int32), span])[:t]
-      tokens[r, :len(row)] = row
-      attention[r, :len(row)] = 1
-      loss_mask[r, len(row) - len(span) + 1:len(row)] = 1
-    return {"tokens": tokens, "loss_mask": loss_mask, "attention_mask": attention}
-
-  def _empty_batch(self, b: int, t: int):
-    """(tokens all padding, loss mask 0, attention mask 0) of a [b, t] batch."""
-    return (np.full((b, t), self._pad, np.int32), np.zeros((b, t), np.float32),
-            np.zeros((b, t), np.int32))
+      return warmup.repeat_rows(rng, self._copy_glue[1], self.vocab_size, self._special,
+                                b, t, self._pad, vary=self.copy_mode == "induction")
+    return warmup.copy_pair_rows(rng, [ex[0] for ex in self._examples], self._copy_glue,
+                                 self._special, b, t, self._pad)
 
   def turn_batch(self, index: int) -> dict[str, np.ndarray]:
-    """Opening-turns batch ``index``: demonstrations cut after their first
-    ``turn_count`` assistant turns, ``turn_rows`` of them, ``turn_len`` long.
+    """Opening-turns batch ``index`` (`warmup.opening_turn_rows`): ``turn_rows``
+    demonstrations of the epoch-0 order, cut after their first ``turn_count``
+    assistant turns, ``turn_len`` long.
 
     These rows hold the decisions that copy from the instruction (the
     provider name into the first search queries, values into the first
     calls) several times more densely than whole demonstrations, for the
-    same tokens. Rows come from the epoch-0 order of the examples; the loss
-    mask is the demonstration's, cut with the row.
+    same tokens.
     """
     b, t = self.turn_rows, min(self.turn_len, self.seq_len)
-    tokens, loss_mask, attention = self._empty_batch(b, t)
     first = (index * self._process_count + self._process_index) * b
-    for r in range(b):
-      ids, mask = self._examples[self.example_index(first + r)]
-      if not self.turn_system:   # start at the second turn (the task)
-        starts = np.nonzero(ids == self._im_start)[0]
-        if len(starts) > 1:
-          ids, mask = ids[starts[1]:], mask[starts[1]:]
-      # A turn's learnt tokens end where the mask falls back to 0.
-      ends = np.nonzero((mask[:-1] > 0) & (mask[1:] == 0))[0]
-      cut = int(ends[self.turn_count - 1]) + 2 if len(ends) >= self.turn_count else len(ids)
-      cut = min(cut, t)
-      tokens[r, :cut], loss_mask[r, :cut], attention[r, :cut] = ids[:cut], mask[:cut], 1
-    return {"tokens": tokens, "loss_mask": loss_mask, "attention_mask": attention}
+    rows = [self._examples[self.example_index(first + r)] for r in range(b)]
+    return warmup.opening_turn_rows(rows, t, self._pad, self._im_start, self.turn_count,
+                                    with_system=self.turn_system)
 
   def batch(self, index: int) -> dict[str, np.ndarray]:
     """Batch number ``index`` (this host's rows), without moving."""
@@ -455,7 +387,7 @@ class DemonstrationSFTData:
       return packing.pack_rows(
           [[self._example(k) for k in self.packed_row(first + r)]
            for r in range(b)], t, self._pad)
-    tokens, loss_mask, attention = self._empty_batch(b, t)
+    tokens, loss_mask, attention = warmup.empty_batch(b, t, self._pad)
     for r in range(b):
       ids, mask = self._example(self.example_index(first + r))
       tokens[r, :len(ids)] = ids

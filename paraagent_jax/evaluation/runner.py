@@ -18,7 +18,6 @@ from paraagent_jax import fileio
 from paraagent_jax.paraact import rollout
 from toolenv.benchmarks import bfcl as bench
 from toolenv.catalog import bfcl as bfcl_cat
-import toolenv
 
 
 def records_path(workdir: str, benchmark: str, policy: str, strategy: str) -> str:
@@ -54,7 +53,7 @@ def _rewrite(path: str, records: Sequence[dict[str, Any]]) -> None:
 
 
 def run_tasks(policy, fmt, env, tasks: Sequence[Any], *, benchmark: str, strategy: str,
-              policy_name: str, workdir: str, rollout_config, batch_size: int = 32,
+              policy_name: str, workdir: str | None, rollout_config, batch_size: int = 32,
               seed: int = 0, fields: dict[str, Any] | None = None,
               log: Callable[[str], None] = print) -> list[dict[str, Any]]:
   """Evaluates ``policy`` on ``tasks`` in ``env``, batch by batch, resumably.
@@ -67,7 +66,7 @@ def run_tasks(policy, fmt, env, tasks: Sequence[Any], *, benchmark: str, strateg
       those per-episode metrics are added to the records.
     tasks: objects with ``id`` and ``kind`` (`toolenv.Task`).
     benchmark, strategy, policy_name: the record's keys (and its file name).
-    workdir: where ``records/`` lives.
+    workdir: where ``records/`` lives (None: records are not written).
     rollout_config: `rollout.RolloutConfig`.
     batch_size: episodes per rollout batch. A JAX policy's last batch is
       padded with repeats of its last task (records dropped), so every batch
@@ -79,8 +78,8 @@ def run_tasks(policy, fmt, env, tasks: Sequence[Any], *, benchmark: str, strateg
   Returns:
     The records of ``tasks`` in task order (earlier runs' records included).
   """
-  path = records_path(workdir, benchmark, policy_name, strategy)
-  done = read_records(path)
+  path = records_path(workdir, benchmark, policy_name, strategy) if workdir else None
+  done = read_records(path) if path else []
   if done:
     _rewrite(path, done)
   seen = {r["task_id"] for r in done}
@@ -108,34 +107,14 @@ def run_tasks(policy, fmt, env, tasks: Sequence[Any], *, benchmark: str, strateg
       r.update(benchmark=benchmark, strategy=strategy, policy=policy_name,
                kind=task.kind, task_id=task.id)
       new.append(r)
-    _append(path, new)
+    if path:
+      _append(path, new)
     records += new
     ok = sum(bool(r["success"]) for r in records)
     log(f"evaluate: {benchmark}/{policy_name}/{strategy}: {len(records)}/{len(tasks)} "
         f"tasks, success {ok / len(records):.3f} ({time.perf_counter() - t0:.1f}s/batch)")
   order = {t.id: i for i, t in enumerate(tasks)}
   return sorted((r for r in records if r["task_id"] in order), key=lambda r: order[r["task_id"]])
-
-
-def run_toolenv(make_policy: Callable[[str], Any], fmt_for: Callable[[str], Any], catalog,
-                tasks: Sequence[toolenv.Task], *, strategy: str, policy_name: str,
-                workdir: str, rollout_config, batch_size: int = 32,
-                benchmark: str = "toolenv", seed: int = 0,
-                log: Callable[[str], None] = print) -> list[dict[str, Any]]:
-  """Evaluates one policy under one strategy on ToolEnv tasks; returns records."""
-  env = toolenv.VectorToolEnv(catalog, num_envs=max(1, min(batch_size, len(tasks) or 1)),
-                              **toolenv.oracle.env_options(strategy))
-  return run_tasks(make_policy(strategy), fmt_for(strategy), env, tasks,
-                   benchmark=benchmark, strategy=strategy, policy_name=policy_name,
-                   workdir=workdir, rollout_config=rollout_config, batch_size=batch_size,
-                   seed=seed, fields={"catalog": catalog.name}, log=log)
-
-
-def toolenv_tasks(catalog, *, num_per_kind: int, split: str = "test", seed: int = 0,
-                  kinds: Sequence[str] = toolenv.KINDS) -> list[toolenv.Task]:
-  """``num_per_kind`` held-out tasks of each kind (deterministic)."""
-  gen = toolenv.TaskGenerator(catalog, seed=seed)
-  return gen.generate(num_per_kind * len(kinds), split=split, kinds=tuple(kinds))
 
 
 def run_bfcl_oracle(data_dir: str, settings=("closed", "open")) -> list[dict[str, Any]]:

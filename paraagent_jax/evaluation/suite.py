@@ -23,10 +23,9 @@ from paraagent_jax import rundir
 from paraagent_jax import tokenizer as tok_lib
 from paraagent_jax.evaluation import benchmarks as bench_lib
 from paraagent_jax.evaluation import causes as causes_lib
-from paraagent_jax.evaluation import greedy
+from paraagent_jax.evaluation import heldout
 from paraagent_jax.evaluation import report as report_lib
-from paraagent_jax.evaluation import runner
-from paraagent_jax.paraact import chat_format, policies
+from paraagent_jax.paraact import chat_format, policies, rollout
 from paraagent_jax.paraact import strategies as strategy_lib
 
 
@@ -67,7 +66,10 @@ def rollout_limits(config):
   policies (oracle, api), which hold no KV cache: their context is the
   endpoint's, and BFCL's closed prompts (tens of function docs) or a mixed
   task's whole observations outgrow a demo model's budget."""
-  rcfg = greedy.rollout_config(config.rollout)
+  try:
+    rcfg = config_utils.config_from_mapping(rollout.RolloutConfig, config.rollout)
+  except (TypeError, ValueError) as e:
+    raise config_utils.ConfigError(f"rollout: {e}") from None
   if config.policy in ("oracle", "api"):
     rcfg = dataclasses.replace(rcfg, max_len=max(rcfg.max_len, config.text_max_len))
   return rcfg
@@ -118,7 +120,7 @@ def run(config, workdir: str, checkpoint: str = "", transcripts: int = 0,
           "(config.json and *.safetensors) nor a training workdir (checkpoints/STEP "
           "and its config.json)")
   known = ("toolenv", "bfcl", "stabletoolbench")
-  for bench in [b for b in config.benchmarks.split(",") if b]:
+  for bench in config_utils.parse_list(config.benchmarks):
     if bench not in known:
       raise config_utils.ConfigError(f"benchmarks: unknown {bench!r}; expected one of "
                                      f"{', '.join(known)}")
@@ -160,36 +162,37 @@ def _run(config, workdir: str, checkpoint: str, transcripts: int, step: int | No
                               max_turn_tokens=rcfg.max_turn_tokens, temperature=0.0)
 
   records = []
-  benchmarks = [b for b in config.benchmarks.split(",") if b]
-  strategies = [s for s in config.strategies.split(",") if s]
+  benchmarks = config_utils.parse_list(config.benchmarks)
+  strategies = config_utils.parse_list(config.strategies)
   common = dict(strategies=strategies, policy_name=name, workdir=workdir,
                 rollout_config=rcfg, batch_size=config.batch_size, seed=config.seed)
   for bench in benchmarks:
     if bench == "toolenv":
-      for cat_name in [c for c in config.catalog.split(",") if c]:
-        catalog = toolenv.load_catalog(cat_name, seed=config.catalog_seed)
-        kinds = [k for k in config.kinds.split(",") if k]
+      for cat_name in config_utils.parse_list(config.catalog):
+        spec = heldout.HeldOutSpec(
+            catalog=cat_name, catalog_seed=config.catalog_seed, task_seed=config.task_seed,
+            kinds=tuple(config_utils.parse_list(config.kinds)),
+            num_tasks=config.num_per_kind * len(config_utils.parse_list(config.kinds)),
+            limits=rcfg, seed=config.seed)
         try:
-          tasks = runner.toolenv_tasks(catalog, num_per_kind=config.num_per_kind,
-                                       seed=config.task_seed, kinds=kinds)
+          tasks = heldout.HeldOut(spec)
         except ValueError as e:
           raise config_utils.ConfigError(f"toolenv-{cat_name}: {e}") from e
         for strategy in strategies:
-          records += runner.run_toolenv(make_policy, fmt_for, catalog, tasks,
-                                        strategy=strategy, policy_name=name,
-                                        workdir=workdir, rollout_config=rcfg,
-                                        batch_size=config.batch_size, seed=config.seed,
-                                        benchmark=f"toolenv-{cat_name}")
+          records += tasks.with_strategy(strategy).run(
+              make_policy(strategy), fmt_for(strategy), batch_size=config.batch_size,
+              workdir=workdir, policy_name=name, benchmark=f"toolenv-{cat_name}",
+              fields={"catalog": tasks.catalog.name}, log=print).records
     elif bench == "bfcl":
       try:
         entries = bench_lib.bfcl_entries(
-            config.bfcl_source, [c for c in config.bfcl_categories.split(",") if c],
+            config.bfcl_source, config_utils.parse_list(config.bfcl_categories),
             limit=config.bfcl_limit)
       except (FileNotFoundError, ValueError) as e:
         raise config_utils.ConfigError(f"bfcl: {e}") from e
       records += bench_lib.run_bfcl(
           make_policy, fmt_for, entries,
-          settings=[s for s in config.bfcl_settings.split(",") if s], **common)
+          settings=config_utils.parse_list(config.bfcl_settings), **common)
     elif bench == "stabletoolbench":
       if not (config.stb_queries and config.stb_tools):
         raise config_utils.ConfigError(
@@ -197,8 +200,8 @@ def _run(config, workdir: str, checkpoint: str, transcripts: int, step: int | No
             "JSON) and stb_tools=DIR (its tools directory)")
       try:
         records += bench_lib.run_stabletoolbench(
-            make_policy, fmt_for, [q for q in config.stb_queries.split(";") if q],
-            config.stb_tools, settings=[s for s in config.stb_settings.split(",") if s],
+            make_policy, fmt_for, config_utils.parse_list(config.stb_queries, sep=";"),
+            config.stb_tools, settings=config_utils.parse_list(config.stb_settings),
             limit=config.stb_limit, **common)
       except (FileNotFoundError, ValueError) as e:
         raise config_utils.ConfigError(f"stabletoolbench: {e}") from e

@@ -138,6 +138,62 @@ def _diagnosis_fields(diagnosis: dict[str, Any] | None) -> dict[str, Any]:
           if k not in ("turns", "calls_per_execute_step", "phase_switches")}
 
 
+class _Episodes:
+  """The open episodes of a batch: token buffers, pending observations, steps
+  taken and transcripts, one entry per episode (`run_rollout`'s state)."""
+
+  def __init__(self, b: int, first_obs, fmt):
+    self.fmt = fmt
+    self.buffers = [ep.EpisodeBuffer() for _ in range(b)]
+    self.steps: list[list[toolenv.Step]] = [[] for _ in range(b)]
+    self.done = [False] * b
+    self.pending_ids = [fmt.prompt_ids(first_obs[i]) for i in range(b)]
+    self.pending_msgs = [fmt.prompt_messages(first_obs[i]) for i in range(b)]
+    self.wall = [0.0] * b
+    self.transcripts = [[{"role": "task", "text": str(first_obs[i])}] for i in range(b)]
+
+  def requests(self, config: RolloutConfig) -> list[pol.TurnRequest]:
+    """This turn's requests; an episode whose next turn would not fit in
+    ``max_len`` ends here, truncated."""
+    out = []
+    for i, buf in enumerate(self.buffers):
+      if self.done[i]:
+        continue
+      if len(buf) + len(self.pending_ids[i]) + config.max_turn_tokens > config.max_len:
+        buf.truncated = True
+        self.done[i] = True
+        continue
+      buf.add_context(self.pending_ids[i])
+      out.append(pol.TurnRequest(i, self.pending_ids[i], self.pending_msgs[i]))
+    return out
+
+  def record(self, i: int, out, step, res, config: RolloutConfig, t_start: float) -> None:
+    """Episode ``i``'s turn: the policy's ``out``, the parsed ``step`` and the
+    environment's result ``res``; queues the next observation or closes it."""
+    fmt, buf = self.fmt, self.buffers[i]
+    # Segments follow the phase the environment recorded (None when it
+    # judged the step malformed), so they align with its phase rewards.
+    s, seg = buf.begin_step(res.info.get("phase"))
+    buf.add_policy(out.token_ids, out.logprobs, fmt.token_kinds(out.token_ids, out.text),
+                   s, seg)
+    self.steps[i].append(step)
+    self.transcripts[i].append({"role": "assistant", "text": out.text})
+    if res.done:
+      self.done[i] = True
+      buf.done = True
+      self.wall[i] = time.perf_counter() - t_start
+      self.pending_ids[i], self.pending_msgs[i] = [], []
+      # Closing glue is context the policy never sees again: not sent to it.
+      buf.add_context(fmt.close_ids(out.token_ids))
+    else:
+      obs = str(res.observation)
+      self.transcripts[i].append({"role": "observation", "text": obs if len(obs) <= (
+          TRANSCRIPT_OBS_CHARS) else obs[:TRANSCRIPT_OBS_CHARS] + " [...]"})
+      self.pending_ids[i] = fmt.observation_ids(res.observation, config.max_obs_tokens,
+                                                out.token_ids)
+      self.pending_msgs[i] = fmt.observation_messages(res.observation, config.max_obs_tokens)
+
+
 def run_rollout(policy: pol.Policy, env, tasks: Sequence[Any], fmt,
                 config: RolloutConfig = RolloutConfig(),
                 group_ids: Sequence[int] | None = None, seed: int = 0,
@@ -169,27 +225,12 @@ def run_rollout(policy: pol.Policy, env, tasks: Sequence[Any], fmt,
   first_obs = env.reset(list(tasks))
   timing["env_s"] += time.perf_counter() - t0
   policy.reset(b, tasks, seed=seed)
-  buffers = [ep.EpisodeBuffer() for _ in range(b)]
-  steps: list[list[toolenv.Step]] = [[] for _ in range(b)]
-  done = [False] * b
   t0 = time.perf_counter()
-  pending_ids = [fmt.prompt_ids(first_obs[i]) for i in range(b)]
-  pending_msgs = [fmt.prompt_messages(first_obs[i]) for i in range(b)]
+  eps = _Episodes(b, first_obs, fmt)
   timing["tokenize_s"] += time.perf_counter() - t0
-  ep_wall = [0.0] * b
-  transcripts = [[{"role": "task", "text": str(first_obs[i])}] for i in range(b)]
 
   for turn in range(config.max_turns):
-    requests = []
-    for i in range(b):
-      if done[i]:
-        continue
-      if len(buffers[i]) + len(pending_ids[i]) + config.max_turn_tokens > config.max_len:
-        buffers[i].truncated = True
-        done[i] = True
-        continue
-      buffers[i].add_context(pending_ids[i])
-      requests.append(pol.TurnRequest(i, pending_ids[i], pending_msgs[i]))
+    requests = eps.requests(config)
     if not requests:
       break
     if progress is not None:
@@ -212,35 +253,15 @@ def run_rollout(policy: pol.Policy, env, tasks: Sequence[Any], fmt,
 
     t0 = time.perf_counter()
     for req, out in zip(requests, outputs):
-      i = req.episode
-      res = results[i]
-      # Segments follow the phase the environment recorded (None when it
-      # judged the step malformed), so they align with its phase rewards.
-      s, seg = buffers[i].begin_step(res.info.get("phase"))
-      buffers[i].add_policy(out.token_ids, out.logprobs,
-                            fmt.token_kinds(out.token_ids, out.text), s, seg)
-      steps[i].append(env_steps[i])
-      transcripts[i].append({"role": "assistant", "text": out.text})
-      if res.done:
-        done[i] = True
-        buffers[i].done = True
-        ep_wall[i] = time.perf_counter() - t_start
-        pending_ids[i], pending_msgs[i] = [], []
-        # Closing glue is context the policy never sees again: not sent to it.
-        buffers[i].add_context(fmt.close_ids(out.token_ids))
-      else:
-        obs = str(res.observation)
-        transcripts[i].append({"role": "observation", "text": obs if len(obs) <= (
-            TRANSCRIPT_OBS_CHARS) else obs[:TRANSCRIPT_OBS_CHARS] + " [...]"})
-        pending_ids[i] = fmt.observation_ids(res.observation, config.max_obs_tokens,
-                                             out.token_ids)
-        pending_msgs[i] = fmt.observation_messages(res.observation, config.max_obs_tokens)
+      eps.record(req.episode, out, env_steps[req.episode], results[req.episode], config,
+                 t_start)
     timing["parse_s"] += time.perf_counter() - t0
 
+  buffers = eps.buffers
   cut = [i for i in range(b) if not buffers[i].done]
   for i in cut:
     buffers[i].truncated = True
-    ep_wall[i] = time.perf_counter() - t_start
+    eps.wall[i] = time.perf_counter() - t_start
   env.finish(cut)
   rewards = [env.rewards(i) for i in range(b)]
   for i in range(b):
@@ -253,7 +274,7 @@ def run_rollout(policy: pol.Policy, env, tasks: Sequence[Any], fmt,
   strategy = getattr(getattr(fmt, "strategy", None), "name", None)
   diagnose = getattr(env, "diagnosis", None)
   records = [_episode_record(
-      tasks[i], buffers[i], steps[i], rewards[i], ep_wall[i], transcripts[i],
+      tasks[i], buffers[i], eps.steps[i], rewards[i], eps.wall[i], eps.transcripts[i],
       diagnose(i, strategy if strategy in toolenv.oracle.STRATEGIES else None)
       if diagnose is not None else None) for i in range(b)]
   timing["total_s"] = time.perf_counter() - t_start

@@ -10,12 +10,51 @@ both successes and failures, from each kind's recent rollout success
 from __future__ import annotations
 
 import collections
+import dataclasses
 import random
 from typing import Sequence
 
-from paraagent_jax import config_utils
+import toolenv
 
 TASK_SAMPLING = ("round_robin", "pass_rate")
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSpec:
+  """Which train tasks each RL iteration draws (`trainer.specs.task_spec`).
+
+  Attributes:
+    catalog, catalog_seed: the held-out tasks' catalog (and, unless
+      ``train_catalog_seed`` >= 0 differs, the training tasks').
+    train_catalog_seed: another catalog seed for the training tasks (-1 = none).
+    task_seed: the task generator's seed.
+    kinds: task kinds.
+    per_iteration: tasks per iteration (``rl.tasks_per_iter``).
+    group_size: samples per task.
+    sampling: "round_robin" or "pass_rate" (`TASK_SAMPLING`).
+    window, floor: "pass_rate"'s history window and weight floor.
+    seed: the run's seed ("pass_rate"'s kind draws).
+  """
+  catalog: str = "procedural"
+  catalog_seed: int = 0
+  train_catalog_seed: int = -1
+  task_seed: int = 0
+  kinds: tuple[str, ...] = tuple(toolenv.KINDS)
+  per_iteration: int = 4
+  group_size: int = 4
+  sampling: str = "round_robin"
+  window: int = 5
+  floor: float = 0.05
+  seed: int = 0
+
+
+def train_generator(spec: TaskSpec, catalog):
+  """The training tasks' generator: on ``catalog`` (the held-out tasks'), or,
+  when ``train_catalog_seed`` names another seed, on that seed's catalog
+  (other provider names, most of them new to the policy)."""
+  if spec.train_catalog_seed >= 0 and spec.train_catalog_seed != spec.catalog_seed:
+    catalog = toolenv.load_catalog(spec.catalog, seed=spec.train_catalog_seed)
+  return toolenv.TaskGenerator(catalog, seed=spec.task_seed)
 
 
 def draw_tasks(gen, split: str, start: int, n: int, kinds: Sequence[str]):
@@ -44,31 +83,23 @@ def kind_weights(history: Sequence[dict], kinds: Sequence[str], group_size: int,
   return out
 
 
-def task_sampling(rl) -> str:
-  """``rl.task_sampling``, checked (a `ConfigError` names the choices)."""
-  mode = rl.get("task_sampling", "round_robin")
-  if mode not in TASK_SAMPLING:
-    raise config_utils.ConfigError(
-        f"rl.task_sampling={mode!r}; expected one of {TASK_SAMPLING}")
-  return mode
-
-
-def sample_tasks(gen, it: int, n: int, kinds: Sequence[str], rl, history: Sequence[dict],
-                 seed: int = 0):
-  """The ``n`` train tasks of iteration ``it`` (1-based), per ``rl.task_sampling``.
+def sample_tasks(gen, it: int, spec: TaskSpec, history: Sequence[dict]):
+  """The ``spec.per_iteration`` train tasks of iteration ``it`` (1-based), per
+  ``spec.sampling``.
 
   Task numbers are ``(it - 1) * n + j`` either way; with "pass_rate" the kind
   of slot ``j`` is drawn from `kind_weights` with a generator seeded by
-  ``seed`` and ``it``, so a resumed run (whose history is restored) draws the
-  same tasks.
+  ``spec.seed`` and ``it``, so a resumed run (whose history is restored)
+  draws the same tasks.
   """
-  mode = task_sampling(rl)
+  n, kinds = spec.per_iteration, list(spec.kinds)
   start = (it - 1) * n
-  if mode == "round_robin":
+  if spec.sampling == "round_robin":
     return draw_tasks(gen, "train", start, n, kinds)
-  w = kind_weights(history, kinds, int(rl.group_size), int(rl.get("sampling_window", 5)),
-                   float(rl.get("sampling_floor", 0.05)))
-  rng = random.Random(f"rl-kinds-{seed}-{it}")
+  if spec.sampling != "pass_rate":
+    raise ValueError(f"task sampling {spec.sampling!r}; expected one of {TASK_SAMPLING}")
+  w = kind_weights(history, kinds, spec.group_size, spec.window, spec.floor)
+  rng = random.Random(f"rl-kinds-{spec.seed}-{it}")
   chosen = rng.choices(list(kinds), weights=[w[k] for k in kinds], k=n)
   return [gen.task(start + j, "train", k) for j, k in enumerate(chosen)]
 

@@ -18,9 +18,12 @@ demonstrations source two things happen around the loop:
   reuses them), so that ``--config=configs/demo.py:stage=sft`` runs alone;
 * after it, `greedy_eval`: with ``sft_eval_tasks`` > 0, the trained policy
   runs greedily through the ParaAct rollout on that many held-out ``test``
-  tasks (kinds round robin, the RL stage's settings ``rl.*``); success per
-  kind, multi-tool success and calls per execute step are printed and saved
-  to ``WORKDIR/sft_eval.json``.
+  tasks (kinds round robin, the RL stage's settings ``rl.*``; the held-out
+  evaluator `evaluation.heldout`); success per kind, multi-tool success and
+  calls per execute step are printed and saved to ``WORKDIR/sft_eval.json``.
+
+The config is read once, at the door (`specs.sft_spec`); the loop runs on the
+typed `specs.SFTSpec`.
 """
 
 from __future__ import annotations
@@ -32,34 +35,32 @@ import time
 from flax import nnx
 import jax
 
-import toolenv
 from paraagent_jax import config_utils
 from paraagent_jax import fileio
 from paraagent_jax import interrupts
 from paraagent_jax import metrics as metrics_lib
-from paraagent_jax import rundir
 from paraagent_jax import tokenizer as tok_lib
 from paraagent_jax.coldstart import build as coldstart_build
-from paraagent_jax.evaluation import greedy
+from paraagent_jax.evaluation import heldout
 from paraagent_jax.learner import optimizer as optim
 from paraagent_jax.learner import sft_loss
 from paraagent_jax.paraact import chat_format, policies
-from paraagent_jax.trainer import rl_tasks
+from paraagent_jax.trainer import specs
 from paraagent_jax.trainer import state as state_lib
 
 DEMOS_DIR = "demos"
 EVAL_FILE = "sft_eval.json"
 
 
-def make_sft_data(config, split: str, seed_offset: int = 0):
-  """The SFT data source named by ``config.data.source`` (this host's rows).
+def make_sft_data(spec: specs.SFTSpec, split: str, seed_offset: int = 0):
+  """The SFT data source named by ``spec.source`` (``data.source``; this host's rows).
 
   The source is the module ``paraagent_jax.data.<source>``, whose
   ``make_sft_data(data_config, *, split, batch_size, seq_len, seed,
   process_index, process_count)`` returns an iterator with ``state()`` and
   ``restore()`` (see `paraagent_jax.data.synthetic`).
   """
-  name = config.data.source
+  name = spec.source
   module_name = f"paraagent_jax.data.{name}"
   try:
     module = importlib.import_module(module_name)
@@ -76,65 +77,74 @@ def make_sft_data(config, split: str, seed_offset: int = 0):
     raise config_utils.ConfigError(
         f"data.source={name!r}: {module_name} has no make_sft_data()")
   count = jax.process_count()
-  if config.batch_size % count:
-    raise config_utils.ConfigError(f"batch_size={config.batch_size} is not "
+  if spec.batch_size % count:
+    raise config_utils.ConfigError(f"batch_size={spec.batch_size} is not "
                                    f"divisible by {count} hosts")
   return module.make_sft_data(
-      config.data, split=split, batch_size=config.batch_size // count,
-      seq_len=config.seq_len, seed=config.data.seed + seed_offset,
+      spec.data, split=split, batch_size=spec.batch_size // count,
+      seq_len=spec.seq_len, seed=spec.data_seed + seed_offset,
       process_index=jax.process_index(), process_count=count)
 
 
-def validation_metrics(eval_step, ts_state, config, mesh) -> dict[str, float]:
-  """Mean validation metrics over ``config.eval_batches`` fixed batches."""
-  data = make_sft_data(config, "validation", seed_offset=1)
+def validation_metrics(eval_step, ts_state, spec: specs.SFTSpec, mesh) -> dict[str, float]:
+  """Mean validation metrics over ``spec.eval_batches`` fixed batches."""
+  data = make_sft_data(spec, "validation", seed_offset=1)
   sums: dict[str, float] = {}
-  for _ in range(config.eval_batches):
+  for _ in range(spec.eval_batches):
     out = metrics_lib.to_floats(eval_step(ts_state.state,
                                           state_lib.device_batch(next(data), mesh)))
     for k, v in out.items():
       sums[k] = sums.get(k, 0.0) + v
-  return {k: v / config.eval_batches for k, v in sums.items()}
+  return {k: v / spec.eval_batches for k, v in sums.items()}
 
 
 def run_sft(config, workdir: str) -> dict[str, float]:
-  """Supervised fine-tuning; returns the last logged train metrics."""
-  rundir.check_init_from(config.init_from)  # Fail before any compilation.
-  mesh = state_lib.make_mesh(config)
-  state_lib.check_batch_divides(config, mesh)
-  ensure_demonstrations(config, workdir)
-  data = make_sft_data(config, "train")
-  model_cfg = rundir.model_config(config, vocab_size=data.vocab_size)
+  """Supervised fine-tuning; returns the last logged train metrics.
+
+  The config is read here only: every config error stops the run before the
+  demonstrations are built or anything is compiled.
+  """
+  spec = specs.sft_spec(config)
+  mesh = state_lib.make_mesh(spec.run.mesh)
+  state_lib.check_batch_divides(spec.batch_size, spec.num_micro_batches, mesh)
+  if ensure_demonstrations(config, workdir):
+    spec = specs.sft_spec(config)   # data.data_dir now points at them
+  return train_sft(spec, workdir, mesh)
+
+
+def train_sft(spec: specs.SFTSpec, workdir: str, mesh) -> dict[str, float]:
+  """The SFT loop of `run_sft` on its spec."""
+  data = make_sft_data(spec, "train")
+  model_cfg = spec.model.qwen3_config(data.vocab_size)
   if data.vocab_size > model_cfg.vocab_size:
     raise config_utils.ConfigError(
         f"data vocabulary {data.vocab_size} exceeds the model's "
         f"{model_cfg.vocab_size}")
-  opt_cfg = state_lib.optimizer_config(config)
-  optimizer = optim.make_optimizer(opt_cfg)
-  schedule = optim.make_schedule(opt_cfg)
+  optimizer = optim.make_optimizer(spec.optimizer)
+  schedule = optim.make_schedule(spec.optimizer)
 
-  t = state_lib.build_train_state(config, mesh, optimizer, model_cfg, workdir)
+  t = state_lib.build_train_state(spec.run, mesh, optimizer, model_cfg, workdir)
   train_step = sft_loss.make_sft_train_step(
-      t.graphdef, optimizer, mesh, num_micro_batches=config.num_micro_batches)
+      t.graphdef, optimizer, mesh, num_micro_batches=spec.num_micro_batches)
   eval_step = sft_loss.make_sft_eval_step(t.graphdef, mesh)
   if t.data_state is not None:
     data.restore(t.data_state)
-  print(f"sft: {t.source} at step {t.step}/{config.total_steps}; model "
-        f"{config.model.preset} vocab {model_cfg.vocab_size}; mesh "
+  print(f"sft: {t.source} at step {t.step}/{spec.total_steps}; model "
+        f"{spec.model.preset} vocab {model_cfg.vocab_size}; mesh "
         f"{dict(mesh.shape)}; workdir {workdir}", flush=True)
 
   writer = metrics_lib.MetricsWriter(
-      workdir, total_steps=config.total_steps, start_step=t.step,
-      tensorboard=config.tensorboard, progress=config.progress,
+      workdir, total_steps=spec.total_steps, start_step=t.step,
+      tensorboard=spec.tensorboard, progress=spec.progress,
       is_primary=jax.process_index() == 0)
   step_rng = jax.random.fold_in(t.rng, 1)
   last: dict[str, float] = {}
   prev_loss = None
   try:
-    for step in range(t.step + 1, config.total_steps + 1):
+    for step in range(t.step + 1, spec.total_steps + 1):
       batch = next(data)
       writer.add_tokens(batch["attention_mask"].sum() * jax.process_count())
-      t.state = state_lib.maybe_inject_nan(config, step, t.state)
+      t.state = state_lib.maybe_inject_nan(spec.run.nan_at_step, step, t.state)
       t.state, t.opt_state, out = train_step(
           t.state, t.opt_state, state_lib.device_batch(batch, mesh),
           jax.random.fold_in(step_rng, step))
@@ -146,9 +156,9 @@ def run_sft(config, workdir: str) -> dict[str, float]:
         metrics_lib.check_finite(step - 1, {"loss": float(prev_loss)},
                                  t.checkpointer.last_complete)
       prev_loss = out["loss"]
-      final = step == config.total_steps
+      final = step == spec.total_steps
       saving = final or t.checkpointer.should_save(step)
-      if saving or step % config.log_every == 0:
+      if saving or step % spec.log_every == 0:
         # Checked before saving, so a checkpoint never holds a NaN step.
         last = metrics_lib.to_floats(out)
         metrics_lib.check_finite(step, last, t.checkpointer.last_complete)
@@ -157,8 +167,8 @@ def run_sft(config, workdir: str) -> dict[str, float]:
         writer.write(step, last)
       else:
         writer.tick(step)
-      if config.eval_every and (step % config.eval_every == 0 or final):
-        writer.write(step, validation_metrics(eval_step, t, config, mesh), "eval")
+      if spec.eval_every and (step % spec.eval_every == 0 or final):
+        writer.write(step, validation_metrics(eval_step, t, spec, mesh), "eval")
       stop = bool(interrupts.requested())
       t.checkpointer.save(step, t.state, t.opt_state,
                           data_state=data.state(), rng=t.rng, force=final or stop)
@@ -173,28 +183,29 @@ def run_sft(config, workdir: str) -> dict[str, float]:
   if interrupts.requested():
     raise interrupts.Interrupted(f"after the last step ({t.step}, saved)",
                                  "run the held-out evaluation")
-  if config.get("sft_eval_tasks", 0):
-    last.update({f"eval/{k}": v for k, v in greedy_eval(
-        config, workdir, t.graphdef, t.state).items()})
+  if spec.heldout is not None:
+    last.update({f"eval/{k}": v for k, v in heldout_eval(
+        spec, workdir, t.graphdef, t.state).items()})
   return last
 
 
-def ensure_demonstrations(config, workdir: str) -> None:
+def ensure_demonstrations(config, workdir: str) -> bool:
   """Points ``config.data.data_dir`` at built demonstrations (in place).
 
-  Does nothing unless ``data.source`` is "demonstrations" and ``data_dir``
-  is empty. Otherwise builds into ``WORKDIR/demos`` unless a finished build
-  (its ``stats.json``, written last) is there already.
+  Does nothing (returns False) unless ``data.source`` is "demonstrations"
+  and ``data_dir`` is empty. Otherwise builds into ``WORKDIR/demos`` unless a
+  finished build (its ``stats.json``, written last) is there already.
   """
   data = config.data
   if data.source != "demonstrations" or data.get("data_dir", ""):
-    return
+    return False
   out = os.path.join(workdir, DEMOS_DIR)
   if not os.path.exists(os.path.join(out, "stats.json")):
     print(f"sft: data.data_dir is empty: building the demonstrations in {out}",
           flush=True)
     coldstart_build.build_demonstrations(config, out)
   data.data_dir = out
+  return True
 
 
 def format_eval(result: dict[str, float]) -> str:
@@ -211,24 +222,19 @@ def format_eval(result: dict[str, float]) -> str:
   return "\n".join(lines)
 
 
-def greedy_eval(config, workdir: str, graphdef, state) -> dict[str, float]:
-  """Greedy ParaAct success of the model on ``config.sft_eval_tasks`` test tasks."""
-  rl = config.rl
+def heldout_eval(spec: specs.SFTSpec, workdir: str, graphdef, state) -> dict[str, float]:
+  """Greedy ParaAct success of the model on ``spec.heldout``'s test tasks."""
   t0 = time.time()
-  tok = tok_lib.load_tokenizer(rundir.tokenizer_dir(config))
-  fmt = chat_format.ChatFormat(tok, strategy=rl.strategy)
-  catalog = toolenv.load_catalog(config_utils.rl_catalog(config), seed=rl.catalog_seed)
-  gen = toolenv.TaskGenerator(catalog, seed=rl.task_seed)
-  kinds = [k for k in rl.kinds.split(",") if k]
-  tasks = rl_tasks.draw_tasks(gen, "test", 0, int(config.sft_eval_tasks), kinds)
-  policy = policies.JaxPolicy(nnx.merge(graphdef, state), fmt, max_len=rl.max_len,
-                              max_turn_tokens=rl.max_turn_tokens, temperature=0.0)
-  result = greedy.greedy_eval(
-      policy, fmt, catalog, tasks, greedy.rollout_config(rl), rl.strategy,
-      obs_format=str(config.data.get("obs_format", "full")))
-  result["num_tasks"] = len(tasks)
+  fmt = chat_format.ChatFormat(tok_lib.load_tokenizer(spec.tokenizer),
+                               strategy=spec.heldout.strategy)
+  held = heldout.HeldOut(spec.heldout)
+  limits = spec.heldout.limits
+  policy = policies.JaxPolicy(nnx.merge(graphdef, state), fmt, max_len=limits.max_len,
+                              max_turn_tokens=limits.max_turn_tokens, temperature=0.0)
+  result = held.run(policy, fmt).metrics
+  result["num_tasks"] = len(held.tasks)
   result["eval_seconds"] = round(time.time() - t0, 1)
-  print(f"sft: greedy ParaAct on {len(tasks)} held-out test tasks "
+  print(f"sft: greedy ParaAct on {len(held.tasks)} held-out test tasks "
         f"({result['eval_seconds']:.0f}s):\n{format_eval(result)}", flush=True)
   fileio.write_json_atomic(os.path.join(workdir, EVAL_FILE), result, default=None)
   return result

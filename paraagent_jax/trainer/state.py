@@ -24,14 +24,16 @@ from paraagent_jax import checkpoint as ckpt_lib
 from paraagent_jax import config_utils
 from paraagent_jax import rundir
 from paraagent_jax import sharding as shd
-from paraagent_jax.learner import optimizer as optim
 from paraagent_jax.learner import step as ts
 from paraagent_jax.models import qwen3
 
 
-def maybe_initialize_distributed(config) -> None:
-  """Calls `jax.distributed.initialize` on multi-host runs (or if asked)."""
-  mode = config.get("distributed", "auto")
+def maybe_initialize_distributed(mode: str = "auto") -> None:
+  """Calls `jax.distributed.initialize` on multi-host runs (or if asked).
+
+  ``mode``: the config's ``distributed``: "auto" (on a multi-host slice), "on"
+  or "off".
+  """
   if mode not in ("auto", "on", "off"):
     raise config_utils.ConfigError(f"distributed={mode!r}; expected auto, on "
                                    f"or off")
@@ -41,23 +43,37 @@ def maybe_initialize_distributed(config) -> None:
     jax.distributed.initialize()
 
 
-def make_mesh(config) -> jax.sharding.Mesh:
-  """The device mesh of ``config.mesh`` (axis sizes; -1 = the rest)."""
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+  """A stage's train-state settings (`trainer.specs.run_spec` reads them).
+
+  Attributes:
+    seed: the run's seed (init and base RNG key).
+    init_from: an HF directory or Orbax checkpoint to start from ("" = scratch).
+    mesh: mesh axis sizes, ``(("data", 1), ("fsdp", -1), ...)``; -1 = the rest.
+    rules: logical-axis rules (`sharding.as_rules`).
+    min_sharded_size: larger parameters may not stay replicated on a
+      model-parallel mesh.
+    ckpt_every, keep_ckpts, async_ckpt: the checkpointer's settings.
+    nan_at_step: test hook (`maybe_inject_nan`); 0 = off.
+  """
+  seed: int = 0
+  init_from: str = ""
+  mesh: tuple[tuple[str, int], ...] = (("data", 1), ("fsdp", -1), ("tensor", 1))
+  rules: shd.Rules = shd.as_rules(None)
+  min_sharded_size: int = 2 ** 14
+  ckpt_every: int = 50
+  keep_ckpts: int | None = 3
+  async_ckpt: bool = True
+  nan_at_step: int = 0
+
+
+def make_mesh(shape) -> jax.sharding.Mesh:
+  """The device mesh of axis sizes ``shape`` (-1 = the rest)."""
   try:
-    return shd.make_mesh(dict(config.mesh))
+    return shd.make_mesh(dict(shape))
   except ValueError as e:
     raise config_utils.ConfigError(f"mesh: {e}") from None
-
-
-def optimizer_config(config) -> optim.OptimizerConfig:
-  """``config.optimizer`` with ``total_steps=0`` meaning the run's length."""
-  values = dict(config.optimizer)
-  if not values.get("total_steps"):
-    values["total_steps"] = config.total_steps
-  try:
-    return config_utils.config_from_mapping(optim.OptimizerConfig, values)
-  except (ValueError, TypeError) as e:
-    raise config_utils.ConfigError(f"optimizer: {e}") from None
 
 
 @dataclasses.dataclass
@@ -73,12 +89,6 @@ class TrainState:
   checkpointer: ckpt_lib.Checkpointer
   model_config: qwen3.Qwen3Config
   source: str             # "resumed", "hf", "orbax" or "scratch"
-
-
-def sharding_rules(config) -> shd.Rules:
-  """``config.sharding.rules`` (the defaults when the config has none)."""
-  sharding = config.get("sharding") or {}
-  return shd.as_rules(sharding.get("rules") or None)
 
 
 def abstract_model(model_cfg: qwen3.Qwen3Config, mesh, rules):
@@ -99,16 +109,16 @@ def abstract_model(model_cfg: qwen3.Qwen3Config, mesh, rules):
   return graphdef, abstract, shardings
 
 
-def check_sharded(config, state, mesh) -> None:
+def check_sharded(min_size: int, state, mesh) -> None:
   """Refuses large parameters left replicated on a mesh that could split them.
 
   Only on meshes with model-parallel axes (``fsdp`` x ``tensor`` > 1): under
   pure data parallelism every parameter is a replica by design. Parameters
-  below ``sharding.min_sharded_size`` elements may stay replicated.
+  below ``min_size`` (``sharding.min_sharded_size``) elements may stay
+  replicated.
   """
   if shd.model_parallel_size(mesh) == 1:
     return
-  min_size = int((config.get("sharding") or {}).get("min_sharded_size", 2 ** 14))
   try:
     shd.check_sharded(state, mesh, min_size=min_size)
   except shd.ShardingError as e:
@@ -120,7 +130,7 @@ def check_sharded(config, state, mesh) -> None:
 def abstract_train_state(mesh, optimizer, model_cfg, rules=None):
   """(graphdef, abstract state, its shardings, abstract opt state, its
   shardings): shapes only, nothing allocated (also the dry run's state).
-  ``rules``: the logical-axis rules (`sharding_rules`; None = the defaults)."""
+  ``rules``: the logical-axis rules (`RunSpec.rules`; None = the defaults)."""
   rules = shd.as_rules(rules)
   graphdef, abstract, shardings = abstract_model(model_cfg, mesh, rules)
   params_abs, _ = ts.split_params(abstract)
@@ -130,7 +140,7 @@ def abstract_train_state(mesh, optimizer, model_cfg, rules=None):
   return graphdef, abstract, shardings, opt_abs, opt_sh
 
 
-def build_train_state(config, mesh, optimizer, model_cfg,
+def build_train_state(run: RunSpec, mesh, optimizer, model_cfg,
                       workdir: str) -> TrainState:
   """Resumes from ``workdir``, else initialises (init_from or scratch).
 
@@ -139,59 +149,58 @@ def build_train_state(config, mesh, optimizer, model_cfg,
   created by a jitted init directly in their shardings.
   """
   graphdef, abstract, shardings, opt_abs, opt_sh = abstract_train_state(
-      mesh, optimizer, model_cfg, sharding_rules(config))
+      mesh, optimizer, model_cfg, run.rules)
   checkpointer = ckpt_lib.Checkpointer(
-      workdir, every_steps=config.ckpt_every, keep=config.keep_ckpts or None,
-      async_save=config.async_ckpt)
+      workdir, every_steps=run.ckpt_every, keep=run.keep_ckpts,
+      async_save=run.async_ckpt)
   restored = checkpointer.restore(ckpt_lib.with_shardings(abstract, shardings),
                                   ckpt_lib.with_shardings(opt_abs, opt_sh))
   if restored is not None:
     logging.info("resumed from %s", restored.path)
-    check_sharded(config, restored.model_state, mesh)
+    check_sharded(run.min_sharded_size, restored.model_state, mesh)
     return TrainState(graphdef, restored.model_state, restored.opt_state,
                       restored.step, restored.rng, restored.data_state,
                       checkpointer, model_cfg, "resumed")
 
-  rng = jax.random.PRNGKey(config.seed)
-  state, kind = _initial_state(config, model_cfg, abstract, shardings)
-  check_sharded(config, state, mesh)
+  rng = jax.random.PRNGKey(run.seed)
+  state, kind = _initial_state(run, model_cfg, abstract, shardings)
+  check_sharded(run.min_sharded_size, state, mesh)
   params, _ = ts.split_params(state)
   opt_state = jax.jit(optimizer.init, out_shardings=opt_sh)(params)
   return TrainState(graphdef, state, opt_state, 0, rng, None, checkpointer,
                     model_cfg, kind)
 
 
-def _initial_state(config, model_cfg, abstract, shardings):
+def _initial_state(run: RunSpec, model_cfg, abstract, shardings):
   """(model state a fresh run starts from, its source): init_from or the seeded init."""
-  kind = rundir.check_init_from(config.init_from)
+  kind = rundir.check_init_from(run.init_from)
   if kind:
-    return rundir.load_init_weights(kind, config.init_from, abstract, shardings,
-                              model_cfg), kind
+    return rundir.load_init_weights(kind, run.init_from, abstract, shardings,
+                                    model_cfg), kind
   init = jax.jit(
       lambda key: nnx.state(qwen3.Qwen3(model_cfg, rngs=nnx.Rngs(key))),
       out_shardings=shardings)
-  return init(jax.random.fold_in(jax.random.PRNGKey(config.seed), 0)), "scratch"
+  return init(jax.random.fold_in(jax.random.PRNGKey(run.seed), 0)), "scratch"
 
 
-def initial_model_state(config, mesh, model_cfg):
-  """The model state a fresh run of ``config`` starts from, sharded.
+def initial_model_state(run: RunSpec, mesh, model_cfg):
+  """The model state a fresh run starts from, sharded.
 
   The same parameters `build_train_state` starts from (``init_from``, else
-  the init seeded by ``config.seed``), whether or not the run has since
+  the init seeded by ``run.seed``), whether or not the run has since
   resumed: RL's frozen KL reference.
   """
-  _, abstract, shardings = abstract_model(model_cfg, mesh, sharding_rules(config))
-  return _initial_state(config, model_cfg, abstract, shardings)[0]
+  _, abstract, shardings = abstract_model(model_cfg, mesh, run.rules)
+  return _initial_state(run, model_cfg, abstract, shardings)[0]
 
 
-def maybe_inject_nan(config, step: int, state):
-  """Test hook: NaN parameters right before step ``debug.nan_at_step``.
+def maybe_inject_nan(nan_at_step: int, step: int, state):
+  """Test hook: NaN parameters right before step ``nan_at_step``.
 
   With ``debug.nan_at_step=N`` (N > 0) step N's loss is NaN, the way a real
   divergence looks to the checks; 0 (the default) is off.
   """
-  debug = config.get("debug") or {}
-  if not debug.get("nan_at_step", 0) or step != debug.get("nan_at_step"):
+  if not nan_at_step or step != nan_at_step:
     return state
   return jax.tree.map(
       lambda x: x * jnp.nan if jnp.issubdtype(x.dtype, jnp.floating) else x,
@@ -205,11 +214,11 @@ def device_batch(batch: dict[str, np.ndarray], mesh) -> dict[str, jax.Array]:
           for k, v in batch.items()}
 
 
-def check_batch_divides(config, mesh) -> None:
+def check_batch_divides(batch_size: int, num_micro_batches: int, mesh) -> None:
   """A clear error when the batch does not split over the mesh."""
   dp = mesh.shape["data"] * mesh.shape["fsdp"]
-  need = dp * max(config.num_micro_batches, 1)
-  if config.batch_size % need:
+  need = dp * max(num_micro_batches, 1)
+  if batch_size % need:
     raise config_utils.ConfigError(
-        f"batch_size={config.batch_size} must be a multiple of data*fsdp*"
+        f"batch_size={batch_size} must be a multiple of data*fsdp*"
         f"num_micro_batches={need} (mesh {dict(mesh.shape)})")

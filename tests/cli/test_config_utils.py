@@ -173,9 +173,10 @@ def test_demonstration_defaults_are_one_table():
 
 
 def test_rl_catalog_follows_the_demonstrations():
+  from paraagent_jax.trainer import specs  # pylint: disable=g-import-not-at-top
   c = cu.train_defaults()
-  assert cu.rl_catalog(c) == "procedural"
+  assert specs.rl_catalog(c) == "procedural"
   c.data.catalog = "openapi"
-  assert cu.rl_catalog(c) == "openapi"
+  assert specs.rl_catalog(c) == "openapi"
   c.rl.catalog = "procedural"
-  assert cu.rl_catalog(c) == "procedural"
+  assert specs.rl_catalog(c) == "procedural"

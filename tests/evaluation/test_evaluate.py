@@ -7,6 +7,7 @@ import pytest
 from paraagent_jax.evaluation import suite
 from paraagent_jax import config_utils
 from paraagent_jax import evaluate
+from paraagent_jax.evaluation import heldout
 from paraagent_jax.evaluation import runner
 
 
@@ -93,12 +94,12 @@ def test_interrupted_evaluation_resumes_to_the_same_records(oracle_run, tmp_path
   from paraagent_jax.paraact import chat_format, policies  # pylint: disable=g-import-not-at-top
   tok = suite.policy_tokenizer(c, "", d)  # pylint: disable=protected-access
   cat = toolenv.load_catalog("procedural", seed=0)
-  tasks = runner.toolenv_tasks(cat, num_per_kind=2)
-  fmt_for = lambda s: chat_format.ChatFormat(tok, strategy=s)
-  out = runner.run_toolenv(lambda s: policies.OraclePolicy(fmt_for(s), strategy=s), fmt_for,
-                           cat, tasks, strategy="paraact", policy_name="oracle",
-                           workdir=str(tmp_path), rollout_config=suite.rollout_limits(c),
-                           batch_size=4, benchmark="toolenv-procedural", log=logs.append)
+  held = heldout.HeldOut(heldout.HeldOutSpec(num_tasks=10, limits=suite.rollout_limits(c)),
+                         catalog=cat)
+  fmt = chat_format.ChatFormat(tok, strategy="paraact")
+  out = held.run(policies.OraclePolicy(fmt, strategy="paraact"), fmt, batch_size=4,
+                 workdir=str(tmp_path), policy_name="oracle", benchmark="toolenv-procedural",
+                 fields={"catalog": cat.name}, log=logs.append).records
   assert "3 recorded, 7 to go" in logs[0]
   key = lambda r: (r["task_id"], r["success"], r["turns"], r["calls"])
   assert [key(r) for r in out] == [key(r) for r in full]

@@ -14,6 +14,7 @@ from paraagent_jax import api_client
 from paraagent_jax import config_utils
 from paraagent_jax import evaluate
 from paraagent_jax import tokenizer as tok_lib
+from paraagent_jax.evaluation import heldout
 from paraagent_jax.evaluation import runner
 from tests.openai_server import ChatServer
 from paraagent_jax.paraact import chat_format, policies, protocol, rollout
@@ -74,7 +75,7 @@ def test_evaluate_with_policy_api_end_to_end(cat, tmp_path):
   c.policy = "api"
   c.num_per_kind = 1
   c.strategies = "paraact"
-  tasks = runner.toolenv_tasks(cat, num_per_kind=1)
+  tasks = heldout.HeldOut(heldout.HeldOutSpec(num_tasks=5), catalog=cat).tasks
   with oracle_server(tasks) as server:
     c.api.base_url = server.base_url
     evaluate.run(c, str(tmp_path))

@@ -1,5 +1,6 @@
 """The RL stage end to end on a tiny random model (in-process, 8 CPU devices)."""
 
+import dataclasses
 import json
 import os
 
@@ -10,7 +11,8 @@ import toolenv
 from paraagent_jax.trainer import rl_tasks
 from paraagent_jax.trainer import rl_report
 from paraagent_jax.trainer import rl as rl_lib
-from paraagent_jax.evaluation import greedy
+from paraagent_jax.trainer import specs
+from paraagent_jax.evaluation import heldout
 from paraagent_jax import config_utils
 from paraagent_jax import rundir
 from paraagent_jax import metrics as metrics_lib
@@ -157,23 +159,24 @@ def test_kind_weights_hand_worked():
 def test_sample_tasks_follows_weights_and_is_deterministic():
   gen = toolenv.TaskGenerator(toolenv.load_catalog("procedural", seed=0), seed=0)
   kinds = ["single", "chain"]
-  rr = config_utils.load_config("configs/sft_tiny.py").rl
-  assert [t.kind for t in rl_tasks.sample_tasks(gen, 1, 4, kinds, rr, [])] == [
+  rr = rl_tasks.TaskSpec(kinds=tuple(kinds), per_iteration=4)
+  assert [t.kind for t in rl_tasks.sample_tasks(gen, 1, rr, [])] == [
       "single", "chain", "single", "chain"]
-  rr.task_sampling = "pass_rate"
-  rr.sampling_floor = 0.0
+  rr = dataclasses.replace(rr, sampling="pass_rate", floor=0.0, per_iteration=8)
   # single always succeeded (p -> 1, no spread), chain half the time.
   hist = [{"train/rollout/success": 1.0, "train/rollout/success_single": 1.0,
            "train/rollout/n_single": 400.0, "train/rollout/success_chain": 0.5,
            "train/rollout/n_chain": 400.0}]
-  a = rl_tasks.sample_tasks(gen, 3, 8, kinds, rr, hist, seed=0)
-  b = rl_tasks.sample_tasks(gen, 3, 8, kinds, rr, hist, seed=0)
+  a = rl_tasks.sample_tasks(gen, 3, rr, hist)
+  b = rl_tasks.sample_tasks(gen, 3, rr, hist)
   assert [t.id for t in a] == [t.id for t in b]
   assert sum(t.kind == "chain" for t in a) >= 7
   assert len({t.id for t in a}) == 8
-  rr.task_sampling = "hardest"
+  # The spec is checked at the stage's door, with the key's name.
+  c = config_utils.load_config("configs/sft_tiny.py")
+  c.rl.task_sampling = "hardest"
   with pytest.raises(config_utils.ConfigError, match="task_sampling"):
-    rl_tasks.sample_tasks(gen, 1, 4, kinds, rr, [])
+    specs.task_spec(c)
 
 
 @pytest.mark.slow
@@ -181,14 +184,14 @@ def test_behaviour_by_kind_and_oracle_hand_worked():
   recs = [{"kind": "single", "turns": 3, "calls_per_step": [1]},
           {"kind": "single", "turns": 5, "calls_per_step": [1, 2]},
           {"kind": "parallel", "turns": 4, "calls_per_step": []}]
-  assert greedy.behaviour_by_kind(recs) == {"single": (4.0, 4 / 3), "parallel": (4.0, 0.0)}
+  assert heldout.behaviour_by_kind(recs) == {"single": (4.0, 4 / 3), "parallel": (4.0, 0.0)}
   gen = toolenv.TaskGenerator(toolenv.load_catalog("procedural", seed=0), seed=0)
   task = gen.task(0, "test", "parallel")
-  (rec,) = greedy.oracle_records([task])
+  (rec,) = heldout.oracle_records([task])
   # ParaAct oracle of a parallel task: one explore step, one execute step
   # with every call, the answer.
   assert rec["turns"] == 3 and rec["calls_per_step"] == [len(task.nodes)]
-  lines = greedy.behaviour_table(recs, [rec])
+  lines = heldout.behaviour_table(recs, [rec])
   assert lines[2].startswith("| parallel | 4.00 | 3.00 | 0.00 |")
   assert lines[3].startswith("| single | 4.00 | nan |")
 
@@ -208,11 +211,11 @@ def test_no_update_is_said():
 def test_length_buckets_are_checked():
   def cfg(spec):
     return ml_collections.ConfigDict({"length_buckets": spec, "max_len": 2048})
-  assert rl_lib.length_buckets(cfg("1024, 1536")) == [1024, 1536, 2048]
-  assert rl_lib.length_buckets(cfg("")) == []
+  assert specs.length_buckets(cfg("1024, 1536")) == (1024, 1536, 2048)
+  assert specs.length_buckets(cfg("")) == ()
   for bad in ("1024,x", "0,512", "-5"):
     with pytest.raises(config_utils.ConfigError, match="length_buckets"):
-      rl_lib.length_buckets(cfg(bad))
+      specs.length_buckets(cfg(bad))
 
 
 def test_missing_tokenizer_is_a_config_error(tmp_path):
@@ -251,15 +254,15 @@ def test_rl_optimizer_has_its_own_rate_and_schedule_length(tok_dir):
   c = rl_config(tok_dir, iterations=30)
   c.total_steps = 1400                      # the SFT stage's length
   c.optimizer.learning_rate, c.optimizer.warmup_steps = 3e-3, 20
-  o = rl_lib.rl_optimizer_config(c)
+  o = specs.rl_optimizer_config(c)
   # Without overrides: SFT's rate and warmup, but RL's own number of steps.
   assert (o.learning_rate, o.warmup_steps, o.total_steps) == (3e-3, 20, 30)
   c.rl.learning_rate, c.rl.warmup_steps, c.rl.schedule, c.rl.passes = 2e-4, 0, "constant", 2
-  o = rl_lib.rl_optimizer_config(c)
+  o = specs.rl_optimizer_config(c)
   assert (o.learning_rate, o.warmup_steps, o.total_steps, o.schedule) == (2e-4, 0, 60, "constant")
   c.rl.schedule = "exponential"
   with pytest.raises(config_utils.ConfigError, match="optimizer \\(rl\\)"):
-    rl_lib.rl_optimizer_config(c)
+    specs.rl_optimizer_config(c)
 
 
 def test_learning_curve_running_mean_and_png(tmp_path):
@@ -305,3 +308,26 @@ def test_train_catalog_seed_trains_on_other_providers(tok_dir, tmp_path, monkeyp
   want = rl_tasks.draw_tasks(gen0, "test", 0, 2, config_utils.KINDS.split(","))
   assert [t.instruction in r["transcript"][0]["text"] for r, t in zip(after, want)] == [
       True, True]
+
+
+# The functions that may read a ConfigDict during a stage: the stage's door,
+# the spec builders and the config machinery (issue 46: every layer below
+# takes typed arguments).
+DOORS = ("paraagent_jax/trainer/rl.py:run_rl", "paraagent_jax/trainer/sft.py:run_sft",
+         "paraagent_jax/trainer/sft.py:ensure_demonstrations",
+         "paraagent_jax/trainer/specs.py:", "paraagent_jax/config_utils.py:",
+         "paraagent_jax/rundir.py:model_spec", "paraagent_jax/rundir.py:tokenizer_dir")
+
+
+def outside_doors(readers) -> set[str]:
+  return {r for r in readers if not any(r == d or (d.endswith(":") and r.startswith(d))
+                                        for d in DOORS)}
+
+
+@pytest.mark.slow
+def test_only_the_stage_door_reads_the_config(tok_dir, tmp_path, config_readers):
+  """A whole RL run (evaluation before and after, one GRPO iteration,
+  checkpoint, report): below `specs.rl_spec` nothing reads the config."""
+  rl_lib.run_rl(rl_config(tok_dir, eval_every=1), str(tmp_path))
+  assert config_readers["paraagent_jax/trainer/specs.py:rl_spec"] > 0   # reads are seen
+  assert not outside_doors(config_readers), sorted(outside_doors(config_readers))

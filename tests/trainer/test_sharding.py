@@ -17,6 +17,7 @@ from flax import nnx
 from paraagent_jax import config_utils
 from paraagent_jax import sharding as shd
 from paraagent_jax.models import qwen3
+from paraagent_jax.trainer import specs
 from paraagent_jax.trainer import state as state_lib
 
 # Every sharded dimension divides every mesh axis used below (sizes 1, 2, 4):
@@ -216,9 +217,9 @@ def test_trainer_refuses_bad_rules_and_replicated_params():
   config = config_utils.train_defaults()
   mesh = _mesh((1, 2, 4))
   with pytest.raises(config_utils.ConfigError, match="sharding: mesh .*k_proj"):
-    state_lib.abstract_model(cfg, mesh, state_lib.sharding_rules(config))
+    state_lib.abstract_model(cfg, mesh, specs.run_spec(config).rules)
   config.sharding.rules.kv_heads = ""
-  _, _, sh = state_lib.abstract_model(cfg, mesh, state_lib.sharding_rules(config))
+  _, _, sh = state_lib.abstract_model(cfg, mesh, specs.run_spec(config).rules)
   assert sh["layers"][0]["k_proj"].get_value().spec == P("fsdp", None, None)
   # Everything replicated on a mesh with model-parallel axes: refused; under
   # pure data parallelism replicas are the design.
@@ -226,6 +227,6 @@ def test_trainer_refuses_bad_rules_and_replicated_params():
   replicated = jax.device_put(nnx.state(model), NamedSharding(mesh, P()))
   config.sharding.min_sharded_size = 2 ** 10
   with pytest.raises(config_utils.ConfigError, match="large parameters are replicated"):
-    state_lib.check_sharded(config, replicated, mesh)
+    state_lib.check_sharded(config.sharding.min_sharded_size, replicated, mesh)
   dp = _mesh((8, 1, 1))
-  state_lib.check_sharded(config, jax.device_put(nnx.state(model), NamedSharding(dp, P())), dp)
+  state_lib.check_sharded(config.sharding.min_sharded_size, jax.device_put(nnx.state(model), NamedSharding(dp, P())), dp)

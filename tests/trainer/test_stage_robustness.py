@@ -230,12 +230,11 @@ def test_resume_refuses_other_levels_and_rebuilds_the_curve(tmp_path):
              {"step": 1, "train/loss": 0.5},
              {"step": 2, "train/loss": 0.25}, {"step": 2, "eval/success": 0.5}]
   state = {"iteration": 2, "meta": {"levels": ["traj"]}, "history": history}
-  c = config_utils.load_config(f"{TINY}:stage=rl")
   # metrics.jsonl written past the checkpoint (a kill after logging
   # iteration 3), with a line cut short: replaced by the checkpoint's.
   path = tmp_path / "metrics.jsonl"
   path.write_text(json.dumps({"step": 3, "train/loss": 9.0}) + "\n{\"step\": 4")
-  it, got = rl_lib.resume_history(c, ("traj",), state, str(tmp_path))
+  it, got = rl_lib.resume_history(("traj",), state, str(tmp_path))
   assert it == 2 and got == history
   assert metrics_lib.read_jsonl(str(path)) == history
   assert rl_lib.last_eval(got) == {"success": 0.5}
@@ -243,15 +242,15 @@ def test_resume_refuses_other_levels_and_rebuilds_the_curve(tmp_path):
   with pytest.raises(config_utils.ConfigError,
                      match="trained with rl.grpo.levels=traj; this config "
                            "says traj,phase,step"):
-    rl_lib.resume_history(c, ("traj", "phase", "step"), state, str(tmp_path))
+    rl_lib.resume_history(("traj", "phase", "step"), state, str(tmp_path))
   # A checkpoint from before the history was stored keeps the file's
   # records up to its iteration.
   path.write_text("".join(json.dumps(r) + "\n" for r in history))
-  assert rl_lib.resume_history(c, ("traj",), {"iteration": 1},
+  assert rl_lib.resume_history(("traj",), {"iteration": 1},
                                  str(tmp_path)) == (1, history[:2])
   assert metrics_lib.read_jsonl(str(path)) == history[:2]
   # A fresh run (no checkpoint) starts with an empty curve.
-  assert rl_lib.resume_history(c, ("traj",), None, str(tmp_path)) == (0, [])
+  assert rl_lib.resume_history(("traj",), None, str(tmp_path)) == (0, [])
   assert metrics_lib.read_jsonl(str(path)) == []
 
 

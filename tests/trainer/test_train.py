@@ -18,6 +18,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+from paraagent_jax.trainer import specs
 from paraagent_jax.trainer import state as state_lib
 from paraagent_jax.trainer import sft as sft_lib
 from paraagent_jax import rundir
@@ -284,10 +285,11 @@ def test_nan_stops_with_step_metric_and_last_good_checkpoint(tmp_path):
 
 def one_step(mesh, workdir):
   c = tiny_config()
-  data = sft_lib.make_sft_data(c, "train")
-  model_cfg = rundir.model_config(c, data.vocab_size)
-  optimizer = optim.make_optimizer(state_lib.optimizer_config(c))
-  t = state_lib.build_train_state(c, mesh, optimizer, model_cfg, workdir)
+  spec = specs.sft_spec(c)
+  data = sft_lib.make_sft_data(spec, "train")
+  model_cfg = spec.model.qwen3_config(data.vocab_size)
+  optimizer = optim.make_optimizer(spec.optimizer)
+  t = state_lib.build_train_state(spec.run, mesh, optimizer, model_cfg, workdir)
   t.checkpointer.close()
   step = sft_loss.make_sft_train_step(t.graphdef, optimizer, mesh)
   state, _, out = step(t.state, t.opt_state, state_lib.device_batch(next(data),
@@ -394,3 +396,13 @@ def test_init_from_orbax_starts_from_those_weights(reference_run, tmp_path):
   os.makedirs(tmp_path / "empty")
   with pytest.raises(config_utils.ConfigError, match="neither an HF"):
     rundir.check_init_from(str(tmp_path / "empty"))
+
+
+@pytest.mark.slow
+def test_only_the_stage_door_reads_the_sft_config(tmp_path, config_readers):
+  """A whole SFT run (steps, validation, checkpoints): below `specs.sft_spec`
+  nothing reads the config (the data source gets its group as a mapping)."""
+  from test_rl_stage import outside_doors  # pylint: disable=g-import-not-at-top
+  sft_lib.run_sft(tiny_config(total_steps=2, eval_every=1, log_every=1), str(tmp_path))
+  assert config_readers["paraagent_jax/trainer/specs.py:sft_spec"] > 0
+  assert not outside_doors(config_readers), sorted(outside_doors(config_readers))
