@@ -58,7 +58,7 @@ from paraagent_jax import interrupts
 from paraagent_jax import metrics as metrics_lib
 from paraagent_jax import provenance
 from paraagent_jax import rundir
-from paraagent_jax import sampling_kernels
+from paraagent_jax.sampling import programs as sampling_kernels
 from paraagent_jax import tokenizer as tok_lib
 from paraagent_jax.data import rows as data_rows
 from paraagent_jax.evaluation import greedy
