@@ -23,7 +23,7 @@ rest (attention over the cache, norms, RoPE, argmax, cache writes) adds. The
 same chain in torch (eager, `--threads` threads) is the second peer: it shows
 whether XLA's dot kernels, or the machine, set that floor. The third is the
 first with the MLP's and the LM head's products out-major, as the CPU decode
-step runs them (`Qwen3.decode_weights`: weights [Out, In], products written
+step runs them (`sampling.cached_forward.decode_weights`: weights [Out, In], products written
 [Out, batch]).
 
   .venv/bin/python benchmarks/decode_profile.py                 # batch 32
@@ -60,7 +60,7 @@ import numpy as np
 import sampler_bench  # pins the process to --threads CPUs (read from argv)
 
 from paraagent_jax import sampling
-from paraagent_jax.models import qwen3
+from paraagent_jax.sampling import kv_cache
 
 _INSTR = re.compile(r"^\s*(?:ROOT )?%(\S+) = (\S+) ([\w-]+)\(")
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
@@ -260,7 +260,7 @@ def main(argv=None) -> None:
   sampler.generate(sampler.prefill(rows), args.new_tokens)      # compiles
   state = sampler.prefill(rows)
   jax.block_until_ready(state.cache)
-  first_slots = qwen3.cache_capacity(state.cache)
+  first_slots = kv_cache.cache_capacity(state.cache)
 
   trace_dir = tempfile.mkdtemp(prefix="decode_profile_trace_")
   jax.profiler.start_trace(trace_dir, create_perfetto_trace=True)

@@ -8,7 +8,7 @@ as a transposed copy ([Out, In]), and with the product written [batch, Out] or
 products with distinct weights so that the weights stream from the cache
 hierarchy as in a decode step (one weight would stay in L2), and the largest
 difference between each form's products and the first's: the same numbers up
-to rounding. `Qwen3.decode_weights` uses the fastest form measured here for
+to rounding. `sampling.cached_forward.decode_weights` uses the fastest form measured here for
 the decode step's MLP and LM head (docs/records/sampler_speed.md, sixteenth session).
 
   .venv/bin/python benchmarks/dot_forms.py

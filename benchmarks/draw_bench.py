@@ -2,7 +2,7 @@
 
 A sampled decode step draws one token per row from softmax(logits / T). The
 default draw (``rl.draw="gumbel"``) is `jax.random.categorical`: V random bits
-and two logs per entry. ``"inverse_cdf"`` (`sampling_kernels.inverse_cdf_choice`)
+and two logs per entry. ``"inverse_cdf"`` (`sampling.programs.inverse_cdf_choice`)
 draws the same distribution with one uniform per row and one exp per entry.
 This prints the CPU milliseconds of one jitted draw of each kind at the demo's
 shape ([32, 4096]; `--batch`, `--vocab`), each inside `sample_token` with its
@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from paraagent_jax import sampling_kernels as sk
+from paraagent_jax.sampling import programs as sk
 
 
 def _draw_fn(draw: str):

@@ -4,7 +4,7 @@ Nothing is allocated: parameter and optimizer shapes come from
 `jax.eval_shape` (`paraagent_jax.models.memory.memory_per_device`) on an abstract
 mesh of any size; the KV cache is counted from its shape [L, B, K, S, H]
 with the batch split over data x fsdp and kv heads over tensor (when they
-divide), as `Qwen3.constrain_cache` lays it out.
+divide), as `sampling.kv_cache.constrain_cache` lays it out.
 
   PYTHONPATH=. python benchmarks/memory_estimate.py --config=configs/paraagent_4b.py:slice=v5p-64
 

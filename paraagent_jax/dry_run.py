@@ -15,7 +15,7 @@ GRPO steps of `paraagent_jax.learner`, and the sampler's jitted prefill/decode o
    chips than fake devices uses the first ones);
 2. the model and optimizer state are built abstractly (``jax.eval_shape``:
    shapes and shardings, no weights), and the rollout KV cache's sharding is
-   read from the compiled ``init_cache``;
+   read from the compiled ``kv_cache.init_cache``;
 3. the SFT step, the RL (GRPO) step, the sampler's prefill chunk and its
    decode loop are lowered with abstract arguments and compiled for the CPU,
    whose ``memory_analysis()`` gives each program's temporary buffers
@@ -52,13 +52,14 @@ from paraagent_jax import checkpoint as ckpt_lib
 from paraagent_jax import config_utils
 from paraagent_jax import rundir
 from paraagent_jax import sampling
-from paraagent_jax import sampling_kernels
 from paraagent_jax import sharding as shd
 from paraagent_jax.learner import batch as batch_lib
 from paraagent_jax.learner import grpo
 from paraagent_jax.learner import optimizer as optim
 from paraagent_jax.learner import sft_loss
 from paraagent_jax.learner import step as ts
+from paraagent_jax.sampling import kv_cache
+from paraagent_jax.sampling import programs
 from paraagent_jax.trainer import specs
 from paraagent_jax.trainer import state as state_lib
 
@@ -226,8 +227,6 @@ def run_dry(config, *, do_compile: bool | Sequence[str] = True,
                                      specs.run_spec(config).rules))
   state = ckpt_lib.with_shardings(abstract, shardings)
   opt_state = ckpt_lib.with_shardings(opt_abs, opt_sh)
-  replicated = NamedSharding(mesh, PartitionSpec())
-  rng = sds((2,), jnp.uint32, replicated)    # jax.random.PRNGKey
   n_params = sum(math.prod(x.shape) for x in jax.tree.leaves(state))
   out(f"dry run: {config.model.preset} ({n_params / 1e9:.2f}B parameters, "
       f"{model_cfg.param_dtype} weights, {model_cfg.dtype} compute, remat "
@@ -238,8 +237,32 @@ def run_dry(config, *, do_compile: bool | Sequence[str] = True,
       "opt_state": tree_bytes_per_device(opt_state), "programs": {},
       "errors": {}, "mesh": dict(mesh.shape), "num_params": n_params}
 
+  out("programs:")
+  lower = _lowerer(report, do_compile, out)
+  batch, tbatch = _lower_train_steps(lower, config, mesh, graphdef, optimizer,
+                                     state, opt_state)
+  cache = _lower_sampler(lower, config, mesh, graphdef, state, report)
+
+  m = min_array_bytes
+  report["arrays"] = (large_arrays("params", state, m)
+                      + large_arrays("adamw", opt_state, m)
+                      + large_arrays("kv_cache", cache, m)
+                      + large_arrays("sft_batch", batch, m)
+                      + large_arrays("rl_batch", tbatch, m))
+  print_arrays(report["arrays"], out, m)
+  report["activations"] = largest_activations(config, model_cfg, mesh)
+  report["peaks"] = phase_peaks(report)
+  print_table(report, config, out)
+  return report
+
+
+def _lowerer(report, do_compile: bool | Sequence[str],
+             out: Callable[[str], None]):
+  """`lower(name, fn)`: lowers (and compiles) the program `fn` returns;
+  records its stats in ``report["programs"]`` or its error in
+  ``report["errors"]``."""
+
   def lower(name, fn):
-    """Lowers (and compiles) one program; records its stats or its error."""
     start = time.perf_counter()
     try:
       lowered = fn()
@@ -257,7 +280,19 @@ def run_dry(config, *, do_compile: bool | Sequence[str] = True,
              if "compile_s" in stats else "")
     out(f"  {name:8} lowered in {stats['lower_s']:.1f}s{extra}")
 
-  out("programs:")
+  return lower
+
+
+def _replicated(mesh, shape, dtype):
+  """An abstract array of `shape` replicated over `mesh`."""
+  return sds(shape, dtype, NamedSharding(mesh, PartitionSpec()))
+
+
+def _lower_train_steps(lower, config, mesh, graphdef, optimizer, state,
+                       opt_state):
+  """Lowers the SFT and RL steps as the trainer builds and calls them;
+  returns their abstract batches."""
+  rng = _replicated(mesh, (2,), jnp.uint32)    # jax.random.PRNGKey
   # SFT: the step run_sft builds (make_sft_train_step over the same loss).
   state_lib.check_batch_divides(config.batch_size, config.num_micro_batches, mesh)
   sft = ts.build_train_step(graphdef, optimizer, sft_loss.SFT_LOSS_FNS, mesh,
@@ -274,50 +309,42 @@ def run_dry(config, *, do_compile: bool | Sequence[str] = True,
   lower("rl" if ref is None else "rl+ref",
         lambda: rl_step.jitted(state, opt_state, tbatch, ref).lower(
             state, opt_state, tbatch, rng, ref))
+  return batch, tbatch
 
-  # Sampling: the rollout's Sampler (as JaxPolicy builds it) over all
-  # episodes of an iteration, worst case: the whole cache attended to.
+
+def _lower_sampler(lower, config, mesh, graphdef, state, report):
+  """Lowers the rollout's prefill and decode programs (the Sampler that
+  JaxPolicy builds, over all episodes of an iteration, worst case: the whole
+  cache attended to); records the KV cache's bytes and returns it."""
   rl = config.rl
   rows = rl.tasks_per_iter * rl.group_size
   model = nnx.merge(graphdef, state)
   sampler = sampling.Sampler(model, rows, rl.max_len, min_chunk=32,
                              max_chunk=512)
-  cache_fn = jax.jit(lambda: model.init_cache(rows, rl.max_len))
+  cache_fn = jax.jit(lambda: kv_cache.init_cache(model, rows, rl.max_len))
   cache_compiled = cache_fn.lower().compile()
   cache = jax.tree.map(lambda a, s: sds(a.shape, a.dtype, s),
                        jax.eval_shape(cache_fn), cache_compiled.output_shardings)
   report["kv_cache"] = tree_bytes_per_device(cache)
-  logits = sds((rows, model_cfg.vocab_size), jnp.float32, replicated)
-  chunk = sampler.max_chunk
-  ids = sds((rows, chunk), jnp.int32, replicated)
-  per_row = sds((rows,), jnp.int32, replicated)
-  lower("prefill", lambda: sampling_kernels.APPEND_JIT.lower(  # pylint: disable=protected-access
+  logits = _replicated(mesh, (rows, model.config.vocab_size), jnp.float32)
+  ids = _replicated(mesh, (rows, sampler.max_chunk), jnp.int32)
+  per_row = _replicated(mesh, (rows,), jnp.int32)
+  lower("prefill", lambda: programs.APPEND_JIT.lower(
       graphdef, state, cache, logits, ids, per_row))
   n_buf = max(sampler.min_decode, 1 << max(0, rl.max_turn_tokens - 1).bit_length())
   key = jax.eval_shape(lambda: jax.random.key(0))
-  key = sds(key.shape, key.dtype, replicated)
-  stops = sds((2, 2), jnp.int32, replicated)
-  stop_mask = sds((2, 2), jnp.bool_, replicated)
-  scalar = sds((), jnp.float32, replicated)
+  key = _replicated(mesh, key.shape, key.dtype)
+  stops = _replicated(mesh, (2, 2), jnp.int32)
+  stop_mask = _replicated(mesh, (2, 2), jnp.bool_)
+  scalar = _replicated(mesh, (), jnp.float32)
   loop = jax.tree.map(
-      lambda a: sds(np.shape(a), a.dtype, replicated),
-      sampling_kernels.decode_loop_init(np.zeros(rows, np.int32), n_buf, 2, 0))
-  lower("decode", lambda: sampling_kernels.DECODE_JIT.lower(  # pylint: disable=protected-access
+      lambda a: _replicated(mesh, np.shape(a), a.dtype),
+      programs.decode_loop_init(np.zeros(rows, np.int32), n_buf, 2, 0))
+  lower("decode", lambda: programs.DECODE_JIT.lower(
       graphdef, state, cache, logits, key, loop, per_row, stops, stop_mask,
       scalar, scalar, greedy=False, top_k=int(rl.top_k),
       use_top_p=float(rl.top_p) < 1.0, pad_id=0))
-
-  m = min_array_bytes
-  report["arrays"] = (large_arrays("params", state, m)
-                      + large_arrays("adamw", opt_state, m)
-                      + large_arrays("kv_cache", cache, m)
-                      + large_arrays("sft_batch", batch, m)
-                      + large_arrays("rl_batch", tbatch, m))
-  print_arrays(report["arrays"], out, m)
-  report["activations"] = largest_activations(config, model_cfg, mesh)
-  report["peaks"] = phase_peaks(report)
-  print_table(report, config, out)
-  return report
+  return cache
 
 
 def largest_activations(config, model_cfg, mesh) -> dict[str, int]:

@@ -14,7 +14,7 @@ t - 1 predicts token t; position 0 has no prediction and gets 0.
 * `logprobs_from_logits`: the plain form, from whole logits.
 
 The sampler keeps its own fused copy for decode steps
-(`paraagent_jax.sampling_kernels.token_logprob`, one position per row inside
+(`paraagent_jax.sampling.programs.token_logprob`, one position per row inside
 the decode program); tests/learner/test_grpo.py checks that it agrees with this module.
 """
 

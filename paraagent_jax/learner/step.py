@@ -119,6 +119,30 @@ def apply_gradients(optimizer: optax.GradientTransformation, loss_fns: LossFns, 
   return nnx.merge_state(params, rest), opt_state, metrics
 
 
+def carried_shardings(tree, mesh: jax.sharding.Mesh):
+  """The NamedSharding each leaf of ``tree`` carries (arrays or abstract
+  ShapeDtypeStructs); replicated over ``mesh`` for a leaf without one."""
+  replicated = NamedSharding(mesh, P())
+  return jax.tree.map(
+      lambda x: x.sharding if isinstance(x.sharding, NamedSharding)
+      else replicated, tree)
+
+
+def _micro_grad_fn(model_graphdef, loss_fns: LossFns, ref_graphdef):
+  """``grad_fn(params, rest, mb, ref_state) -> ((loss, sums), grads)``: one
+  micro-batch's loss and its gradient in the trainable params (``rest``: the
+  model's other variables; ``ref_state``: a frozen reference model, or None).
+  """
+  def loss_of(params, rest, mb, ref_state):
+    ref_model = (None if ref_state is None
+                 else nnx.merge(ref_graphdef or model_graphdef,
+                                jax.lax.stop_gradient(ref_state)))
+    return loss_fns.micro_loss(nnx.merge(model_graphdef, params, rest), mb,
+                               ref_model)
+
+  return jax.value_and_grad(loss_of, has_aux=True)
+
+
 def build_train_step(model_graphdef, optimizer: optax.GradientTransformation,
                      loss_fns: LossFns, mesh: jax.sharding.Mesh, *,
                      num_micro_batches: int = 1,
@@ -127,11 +151,13 @@ def build_train_step(model_graphdef, optimizer: optax.GradientTransformation,
   """A jitted, sharded, donating step ``(state, opt_state, batch, rng)``.
 
   Gradients of ``num_micro_batches`` micro-batches are summed in a
-  `jax.lax.scan`, then one optimizer update is applied. In/out shardings are
-  the NamedShardings the state and optimizer state already carry (see
-  `shard_train_state`); the batch is sharded over ``batch_axes`` (B, and
-  B / num_micro_batches, must divide by the product of their sizes). The state
-  and optimizer state are donated: do not reuse the arrays passed in.
+  `jax.lax.scan`, then one optimizer update is applied, all in one program.
+  In/out shardings are the NamedShardings the state and optimizer state
+  already carry (see `shard_train_state`); the batch is sharded over
+  ``batch_axes`` (B, and B / num_micro_batches, must divide by the product
+  of their sizes). The state and optimizer state are donated: do not reuse
+  the arrays passed in. `build_sorted_train_step` is the same step with
+  micro-batches of rows sorted by length.
 
   Returns:
     ``step_fn(state, opt_state, batch, rng, ref_state=None) ->
@@ -139,6 +165,7 @@ def build_train_step(model_graphdef, optimizer: optax.GradientTransformation,
   """
   m = int(num_micro_batches)
   axes = tuple(a for a in batch_axes if a in mesh.axis_names) or None
+  grad_fn = _micro_grad_fn(model_graphdef, loss_fns, ref_graphdef)
 
   def constrain_micro(x):
     return jax.lax.with_sharding_constraint(
@@ -147,27 +174,18 @@ def build_train_step(model_graphdef, optimizer: optax.GradientTransformation,
   def step(state, opt_state, batch, rng, ref_state):
     del rng  # Reserved for stochastic losses; the GRPO/SFT losses are not.
     params, rest = split_params(state)
-    ref_model = (None if ref_state is None
-                 else nnx.merge(ref_graphdef or model_graphdef,
-                                jax.lax.stop_gradient(ref_state)))
     inputs, metrics = loss_fns.prepare(batch)
-
-    def loss_of(p, mb):
-      return loss_fns.micro_loss(nnx.merge(model_graphdef, p, rest), mb,
-                                 ref_model)
-
-    grad_fn = jax.value_and_grad(loss_of, has_aux=True)
     if m == 1:
-      (loss, sums), grads = grad_fn(params, inputs)
+      (loss, sums), grads = grad_fn(params, rest, inputs, ref_state)
     else:
       micro = jax.tree.map(constrain_micro,
                            batch_lib.split_micro_batches(inputs, m))
       first = jax.tree.map(lambda x: x[0], micro)
-      zero = jax.tree.map(jnp.zeros_like,
-                          jax.eval_shape(grad_fn, params, first))
+      zero = jax.tree.map(jnp.zeros_like, jax.eval_shape(
+          grad_fn, params, rest, first, ref_state))
 
       def body(acc, mb):
-        return accumulate(acc, grad_fn(params, mb)), None
+        return accumulate(acc, grad_fn(params, rest, mb, ref_state)), None
 
       ((loss, sums), grads), _ = jax.lax.scan(body, zero, micro)
     return apply_gradients(optimizer, loss_fns, state, opt_state, grads, loss, sums, metrics)
@@ -181,12 +199,9 @@ def build_train_step(model_graphdef, optimizer: optax.GradientTransformation,
     # One compiled step per batch structure (e.g. with/without ref_logprobs).
     key = (ref_state is None, jax.tree.structure(batch))
     if key not in cache:
-      shard_of = lambda t: jax.tree.map(
-          lambda x: x.sharding if isinstance(x.sharding, NamedSharding)
-          else replicated, t)
-      in_sh = (shard_of(state), shard_of(opt_state),
+      in_sh = (carried_shardings(state, mesh), carried_shardings(opt_state, mesh),
                data_sharding(batch, mesh, batch_axes), replicated,
-               None if ref_state is None else shard_of(ref_state))
+               None if ref_state is None else carried_shardings(ref_state, mesh))
       cache[key] = jax.jit(
           step, in_shardings=in_sh,
           out_shardings=(in_sh[0], in_sh[1], replicated),
@@ -206,17 +221,19 @@ def build_sorted_train_step(model_graphdef, optimizer: optax.GradientTransformat
                             num_micro_batches: int, lengths: Sequence[int],
                             batch_axes: Sequence[str] = DEFAULT_BATCH_AXES,
                             ref_graphdef=None):
-  """`build_train_step` for batches whose rows differ much in length.
+  """`build_train_step` with micro-batches of rows sorted by length.
 
-  RL batches hold whole episodes: a one-call task is a few hundred tokens, a
-  mixed one fills ``max_len``, and the scan of `build_train_step` pays
-  ``max_len`` for every row. Here the rows are sorted by ``batch.seq_len``
-  and cut into ``num_micro_batches`` micro-batches, each padded only to the
-  smallest of ``lengths`` that holds its longest row. ``prepare`` still runs
-  jitted on the whole batch (group-normalised advantages, the token-mean
-  denominator), each micro-batch's gradient is a jitted function compiled
-  once per length, and one jitted, donating update applies their sum: the
-  same update as `build_train_step`, up to float summation order.
+  The one difference: RL batches hold whole episodes (a one-call task is a
+  few hundred tokens, a mixed one fills ``max_len``), and the scan of
+  `build_train_step` pays ``max_len`` for every row. Here the rows are
+  sorted by ``batch.seq_len`` and cut into ``num_micro_batches``
+  micro-batches on the host, each padded only to the smallest of
+  ``lengths`` that holds its longest row. The rest is shared: ``prepare``
+  runs jitted on the whole batch (group-normalised advantages, the
+  token-mean denominator), each micro-batch's gradient is the same
+  `_micro_grad_fn` (a program compiled once per length), and one jitted,
+  donating update (`apply_gradients`) applies their sum: the same update as
+  `build_train_step`, up to float summation order.
 
   Every leaf of ``prepare``'s inputs must be ``[B, T, ...]`` (true of the
   GRPO and SFT losses); ``lengths`` should include T.
@@ -228,17 +245,7 @@ def build_sorted_train_step(model_graphdef, optimizer: optax.GradientTransformat
   """
   m = int(num_micro_batches)
   lengths = sorted({int(x) for x in lengths if int(x) > 0})
-  replicated = NamedSharding(mesh, P())
-  shard_of = lambda t: jax.tree.map(
-      lambda x: x.sharding if isinstance(x.sharding, NamedSharding) else replicated, t)
-
-  def loss_of(params, rest, mb, ref_state):
-    ref_model = (None if ref_state is None
-                 else nnx.merge(ref_graphdef or model_graphdef,
-                                jax.lax.stop_gradient(ref_state)))
-    return loss_fns.micro_loss(nnx.merge(model_graphdef, params, rest), mb, ref_model)
-
-  grad_fn = jax.value_and_grad(loss_of, has_aux=True)
+  grad_fn = _micro_grad_fn(model_graphdef, loss_fns, ref_graphdef)
 
   def micro_grad(params, rest, mb, ref_state, acc):
     return accumulate(acc, grad_fn(params, rest, mb, ref_state))
@@ -279,7 +286,9 @@ def build_sorted_train_step(model_graphdef, optimizer: optax.GradientTransformat
     (loss, sums), grads = acc
     if "fn" not in jit_update:
       jit_update["fn"] = jax.jit(
-          update, out_shardings=(shard_of(state), shard_of(opt_state), replicated),
+          update, out_shardings=(carried_shardings(state, mesh),
+                                 carried_shardings(opt_state, mesh),
+                                 NamedSharding(mesh, P())),
           donate_argnums=(0, 1))
     state, opt_state, metrics = jit_update["fn"](state, opt_state, grads, loss, sums, metrics)
     metrics = dict(metrics)
@@ -312,9 +321,8 @@ def build_eval_step(model_graphdef, loss_fns: LossFns,
   def eval_fn(state, batch):
     key = jax.tree.structure(batch)
     if key not in cache:
-      in_sh = (jax.tree.map(
-          lambda x: x.sharding if isinstance(x.sharding, NamedSharding)
-          else replicated, state), data_sharding(batch, mesh, batch_axes))
+      in_sh = (carried_shardings(state, mesh),
+               data_sharding(batch, mesh, batch_axes))
       cache[key] = jax.jit(evaluate, in_shardings=in_sh,
                            out_shardings=replicated)
     return cache[key](state, batch)

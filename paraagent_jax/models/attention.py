@@ -1,6 +1,6 @@
 """Attention implementations for the Qwen3 model, chosen by `Qwen3Config.attention`.
 
-Two kinds of attention run in the model:
+Two kinds of attention run in Qwen3; this file holds the first:
 
 * **Self-attention of a cache-free forward** (SFT, the GRPO loss, scoring):
   causal, grouped-query, with segment ids (packed rows: no attention across
@@ -40,15 +40,14 @@ Two kinds of attention run in the model:
     (faster there than chunked, whose backward recomputes the scores;
     `benchmarks/attention_bench.py --preset=demo`), chunked beyond.
 
-* **Attention over the KV cache** (prefill, continuation, decode):
-  `cache_attention` reads the cache in place, key block by key block, up to
-  the longest live row (a dynamic bound), with an online softmax. Its
-  temporaries are one block of keys/values and its scores: the decode program
-  never copies the cache.
+* **Attention over the KV cache** (prefill, continuation, decode) is the
+  sampler's: `paraagent_jax.sampling.kv_cache.cache_attention` reads the
+  cache in place, block by block (the dense `reference` over a cache layer
+  is its check and its ``"reference"`` path).
 
 All paths keep softmax statistics in fp32. Layouts: q [B,T,N,H], fresh k/v
-[B,S,K,H] ("BSKH"), cache layers: keys [B,K,H,S] (slots last), values
-[B,K,S,H]; N = K * G query heads.
+[B,S,K,H] ("BSKH"), a cache layer's values [B,K,S,H] ("BKSH"); N = K * G
+query heads.
 """
 
 from __future__ import annotations
@@ -74,12 +73,6 @@ IMPLEMENTATIONS = ("auto", "reference", "blocked", "chunked", "xla", "cudnn",
 CPU_DENSE_MAX = 2048
 # Query block of the blocked path when `attention_block` is 0.
 CPU_QUERY_BLOCK = 128
-# Key block of `cache_attention` for a chunk of several queries (prefill,
-# continuation) on the CPU, when `attention_chunk` is larger: fewer scores
-# past the longest live row. 32 x 64-token prefill of the demo model into a
-# 192-slot cache: 15 ms for its 4 layers' cache attention, against 37 ms
-# with blocks of 256 (docs/records/sampler_speed.md).
-CPU_CHUNK_KEY_BLOCK = 64
 
 
 def resolve(name: str, dtype=jnp.float32, platform: str | None = None,
@@ -539,132 +532,3 @@ def self_attention(q, k, v, *, attention_mask, segment_ids, impl: str,
                                       packed=segment_ids is not None),
                     q, k, v, seg, ctx)
   return flash_attention(q, k, v, seg, block)
-
-
-# --------------------------------------------------------------------------
-# Attention over the KV cache, in place.
-
-# A bfloat16 KV cache is stored as its uint16 bit patterns. XLA:CPU has no
-# bf16 scatter or dynamic-slice: it converts the whole cache to fp32 around
-# them and keeps that copy through the decode loop (2x the cache in
-# temporaries, which also made the dry run's rollout peaks meaningless).
-# Only the written chunk and the read blocks are bitcast, which is free.
-STORAGE = {jnp.dtype(jnp.bfloat16): jnp.dtype(jnp.uint16)}
-
-
-def storage_dtype(dtype):
-  """The dtype a KV cache of `dtype` is stored in."""
-  return STORAGE.get(jnp.dtype(dtype), jnp.dtype(dtype))
-
-
-def to_storage(x, storage):
-  """x (any float dtype) as cache storage of dtype `storage`."""
-  if jnp.dtype(storage) == jnp.uint16:
-    return jax.lax.bitcast_convert_type(x.astype(jnp.bfloat16), jnp.uint16)
-  return x.astype(storage)
-
-
-def from_storage(x):
-  """Cache storage back to floats (uint16 bits -> bfloat16)."""
-  if x.dtype == jnp.uint16:
-    return jax.lax.bitcast_convert_type(x, jnp.bfloat16)
-  return x
-
-def cache_attention(q, k_cache, v_cache, positions, bound, block: int = 256,
-                    layer=None):
-  """Queries attend to cache slots j <= their position, read block by block.
-
-  Args:
-    q: [B,T,N,H] queries of the chunk just written to the cache.
-    k_cache: one layer's keys [B,K,H,S] (slots last), or, with `layer`, the
-      stacked keys [L,B,K,H,S]: blocks are then sliced straight out of the
-      stack (no copy of the layer).
-    v_cache: the values, [B,K,S,H] (or [L,B,K,S,H] with `layer`).
-    positions: [B,T] int32, the slot of each query (it sees slots <= it).
-    bound: int32 scalar, one more than the largest slot any real query reads
-      (the longest live row): blocks from there on are not read.
-    block: slots per block (on the CPU, a chunk of several queries reads
-      blocks of at most `CPU_CHUNK_KEY_BLOCK`).
-    layer: None, or the (int or traced) layer index into a stacked cache.
-
-  Returns:
-    [B,T,N,H]. Equal to `reference` over the whole cache with the same mask
-    (up to float rounding); only one block of keys and values and its
-    [B,K,G,T,block] scores are live at a time.
-  """
-  b, t, n, h = q.shape
-  kh, s = v_cache.shape[-3], v_cache.shape[-2]
-  g = n // kh
-  if t > 1 and jax.default_backend() == "cpu":
-    # A chunk's queries score every slot of a block they read, so a big block
-    # past the bound is work thrown away; XLA:CPU copies each block it slices
-    # out, which a decode step (t = 1) cannot amortise but a chunk can.
-    block = min(block, CPU_CHUNK_KEY_BLOCK)
-  bk = min(block, s)
-
-  def read(cache, start, axis):
-    """Slots [start, start + bk) along `axis` of one layer's [B,K,.,.]."""
-    if layer is None:
-      out = jax.lax.dynamic_slice_in_dim(cache, start, bk, axis=axis)
-    else:
-      zero = jnp.zeros((), jnp.int32)
-      idx = [jnp.asarray(layer, jnp.int32), zero, zero, zero, zero]
-      idx[axis + 1] = start
-      size = list(cache.shape[1:])
-      size[axis] = bk
-      out = jax.lax.dynamic_slice(cache, idx, [1] + size)[0]
-    return from_storage(out)
-
-  # The queries of one kv head as the rows of one matrix, [B,K,G*T,H] (a free
-  # reshape when t = 1). The scores are then a [G*T, H] x [H, S] product per kv
-  # head, with the slots (the keys' last axis) as the wide, contiguous output
-  # axis, and the values a [G*T, S] x [S, H] one: plain matrix products.
-  # Written with separate G and T axes, XLA:CPU laid the scores out [S, G*T]
-  # and transposed them, or ran the value product as a multiply and a reduce
-  # (docs/records/sampler_speed.md).
-  qm = jnp.transpose(q.reshape(b, t, kh, g, h), (0, 2, 3, 1, 4)).reshape(
-      b, kh, g * t, h)
-  scale = h ** -0.5
-  n_blocks = jnp.minimum((jnp.asarray(bound, jnp.int32) + bk - 1) // bk,
-                         -(-s // bk))
-
-  def step(j, carry):
-    m, l, acc = carry
-    # dynamic_slice clamps the last block to [s - bk, s): slots below j * bk
-    # were read by the previous block, so they are masked out here.
-    start = jnp.minimum(j * bk, s - bk)
-    kb, vb = read(k_cache, start, 3), read(v_cache, start, 2)
-    sc = jnp.einsum("BKMH,BKHS->BKMS", qm, kb.astype(q.dtype),
-                    preferred_element_type=jnp.float32)
-    sc = sc.reshape(b, kh, g, t, bk) * scale
-    slots = start + jnp.arange(bk)
-    vis = (slots[None, None, :] <= positions[:, :, None]) & (
-        slots >= j * bk)[None, None, :]                          # [B,T,bk]
-    vis = vis[:, None, None]
-    sc = jnp.where(vis, sc, MASK_VALUE)
-    m_new = jnp.maximum(m, jnp.max(sc, axis=-1))
-    # Masked scores are MASK_VALUE, so their exp is 0 once a row has seen a
-    # key. Before that (m_new = MASK_VALUE) they count as 1, and the first
-    # block with a visible key scales them away (corr = 0). Every real query
-    # sees its own slot; only padding queries, whose output is ignored, see
-    # nothing.
-    p = jnp.exp(sc - m_new[..., None])
-    corr = jnp.exp(m - m_new)
-    l = l * corr + jnp.sum(p, axis=-1)
-    pv = jnp.einsum("BKMS,BKSH->BKMH",
-                    p.reshape(b, kh, g * t, bk).astype(q.dtype),
-                    vb.astype(q.dtype), preferred_element_type=jnp.float32)
-    return m_new, l, acc * corr[..., None] + pv.reshape(b, kh, g, t, h)
-
-  init = (jnp.full((b, kh, g, t), MASK_VALUE, jnp.float32),
-          jnp.zeros((b, kh, g, t), jnp.float32),
-          jnp.zeros((b, kh, g, t, h), jnp.float32))
-  if s <= bk:
-    # One block holds the cache: no loop (its carries and test cost ~1% of a
-    # decode step). The block is read even when no row is live (bound 0);
-    # then every query is padding, whose output is ignored.
-    _, l, acc = step(0, init)
-  else:
-    _, l, acc = jax.lax.fori_loop(0, n_blocks, step, init)
-  out = acc / jnp.maximum(l, 1e-30)[..., None]                  # [B,K,G,T,H]
-  return jnp.moveaxis(out, 3, 1).reshape(b, t, n, h).astype(q.dtype)

@@ -1,9 +1,17 @@
 """Qwen3 dense decoder in Flax NNX, numerically matching `transformers.Qwen3`.
 
-Architecture (as in Hugging Face `Qwen3ForCausalLM`): token embedding, decoder
-layers of [RMSNorm -> grouped-query attention with per-head q/k RMSNorm and
-split-halves RoPE -> residual -> RMSNorm -> SwiGLU MLP -> residual], final
-RMSNorm, LM head (tied to the embedding or not).
+Architecture (as in Hugging Face `Qwen3ForCausalLM`), one function each:
+token embedding (`Qwen3.embed`); `decoder_layer` x num_layers:
+
+    x = x + attention(rms_norm(x))       # `attention`: grouped-query, per-head
+                                         #   q/k RMSNorm, split-halves RoPE
+    x = x + mlp(rms_norm(x))             # `mlp`: SwiGLU
+
+then the final RMSNorm (`Qwen3.hidden`) and the LM head (`Qwen3.head`, tied to
+the embedding or not). `attention` is `keys_values` and `queries` (projection,
+norm, RoPE), the attention itself (`paraagent_jax.models.attention`, by
+`config.attention`: reference einsum, blocked, chunked flash, XLA, cuDNN,
+Pallas splash, tokamax) and `attention_out` (the output projection).
 
 Parameters are stored in einsum layouts with named dimensions:
   B batch, T query positions, S key positions / cache slots, D model width,
@@ -13,26 +21,14 @@ sharding off: `sharding.shard_model` maps the names to a mesh through a rules
 table; the trainer refuses axes that do not divide). With `scan_layers` the layer parameters are
 stacked along a leading "layers" axis and the stack runs under `jax.lax.scan`.
 
-The KV cache is a plain pytree `{"k", "v", "lengths": [B]}`: with
-`scan_layers` "k"/"v" are stacked [L, ...] arrays (the scan slices a layer),
-else tuples of L per-layer arrays, one buffer per layer, so that a decode step
-reads a layer in place (slicing it out of a stack copied it: 0.13 of 0.99 CPU s
-per call of the b32 sampler bench). Per layer, values are [B, K, S, H] and keys
-[B, K, H, S], slots last: a decode step's scores are then a [G, H] x [H, S]
-product per kv head with the slots as the wide, contiguous axis (XLA CPU ran
-the [S, H] form at half the speed), and its values a [G, S] x [S, H] one. Slots
-come after the kv heads in both (with slots first XLA CPU transposed the whole
-cache layer every step: ~4x slower decode attention). `cache_layers` gives
-either as a stacked [L, B, K, S, H] view and `cache_capacity` the slots;
-`forward_chunk` appends a right-padded chunk per row and serves prefill, decode
-and multi-turn continuation (see its docstring for the contract).
-
-Attention itself lives in `paraagent_jax.models.attention`: the cache-free
-forward dispatches on `config.attention` (reference einsum, chunked flash,
-XLA, cuDNN, Pallas splash). Token log-probs for the losses are computed from
-`hidden` and `head` by `paraagent_jax.learner.logprobs` (in sequence chunks,
-`config.logits_chunk`, so that no [B,T,V] fp32 logits exist in a training
-step).
+This file is the cache-free forward (training, scoring). The forward over a
+KV cache (prefill, decode, continuation), the cache's layouts and the CPU
+decode step's weight layouts live with the sampler
+(`paraagent_jax.sampling.cached_forward`, `paraagent_jax.sampling.kv_cache`),
+built from the same blocks (`keys_values`, `queries`, `attention_out`, `mlp`).
+Token log-probs for the losses are computed from `hidden` and `head` by
+`paraagent_jax.learner.logprobs` (in sequence chunks, `config.logits_chunk`,
+so that no [B,T,V] fp32 logits exist in a training step).
 """
 
 from __future__ import annotations
@@ -48,22 +44,6 @@ from paraagent_jax import sharding as shd
 from paraagent_jax.models import attention as attn
 # The architecture config and its presets (re-exported: qwen3.Qwen3Config).
 from paraagent_jax.models.qwen3_config import Qwen3Config  # pylint: disable=unused-import
-
-def cache_capacity(cache: dict) -> int:
-  """Slots per row of a cache from `Qwen3.init_cache` (either layout)."""
-  return int(jax.tree.leaves(cache["v"])[0].shape[-2])
-
-
-def cache_layers(cache: dict, name: str):
-  """`cache[name]` ("k" or "v") as one [L, B, K, S, H] array.
-
-  A copy when the cache keeps one buffer per layer; keys, stored slots last
-  ([.., H, S]), come back with their last two axes swapped.
-  """
-  arrays = cache[name]
-  if isinstance(arrays, (list, tuple)):
-    arrays = jnp.stack(arrays)
-  return jnp.swapaxes(arrays, -1, -2) if name == "k" else arrays
 
 
 def rms_norm(x, w, eps):
@@ -178,121 +158,77 @@ class DecoderLayers(nnx.Module):
     return {name: getattr(self, name)[...] for name in _LAYER_AXES}
 
 
-# The most memory `Qwen3.decode_weights` spends on copies (1 GiB: the MLP of
-# Qwen3-0.6B in fp32 fits).
-DECODE_COPY_MAX_BYTES = 1 << 30
+# --------------------------------------------------------------------------
+# The blocks of a decoder layer, as pure functions of its parameter arrays
+# `p` (see `_LAYER_AXES`). `ctx` is (mesh, rules) for activation constraints,
+# or None.
 
+def keys_values(p, h, rope_tab, cfg: Qwen3Config, ctx, by_matmul: bool = False):
+  """Keys and values [B,T,K,H] of the normed residual `h` [B,T,D].
 
-def _layer(p, x, rope_tab, mask, cfg: Qwen3Config, ctx, kv_write=None,
-           select=None):
-  """One decoder layer as a pure function of its parameter arrays `p`.
-
-  Args:
-    p: layer parameter arrays (see `_LAYER_AXES`).
-    x: [B,T,D] residual stream (compute dtype).
-    rope_tab: `rope_tables` of the chunk's positions.
-    mask: which keys each query sees: (attention_mask [B,T] or None,
-      segment_ids [B,T] or None) in the cache-free forward; (positions [B,T],
-      bound) with a cache: query i sees slots <= positions[:, i], and no real
-      query reads a slot at or past the int32 scalar `bound`.
-    cfg: model config.
-    ctx: (mesh, rules) for activation constraints, or None.
-    kv_write: None for a cache-free forward (S = T); else (k_cache, v_cache,
-      layer, b_idx, slot) with values [L,B,K,S,H] and keys [L,B,K,H,S] (or
-      one layer's [B,K,S,H] / [B,K,H,S] when `layer` is None): the chunk's
-      keys/values are scattered to `slot` (out-of-range slots are dropped)
-      and attention reads the layer's slots up to the longest live row, in
-      place (`attention.cache_attention`).
-    select: None, or (with `kv_write`) [B] int32, one chunk position per row:
-      the layer writes the keys and values of every position but computes
-      the rest (queries, attention, MLP) at that position only, and returns x
-      [B,1,D]. `forward_chunk` uses it in the last layer of a chunk whose
-      logits are wanted at one position per row.
-
-  Returns:
-    (x, k_cache, v_cache); the caches are None in the cache-free forward.
+  The keys get their per-head RMSNorm and RoPE (`rope_tab`: `rope_tables` of
+  the positions; `by_matmul`: see `apply_rope`).
   """
-  dt = x.dtype
-  con = functools.partial(_constrain, ctx=ctx)
-  h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
+  dt = h.dtype
   k = _dense(h, p["k_proj"].astype(dt))
   v = _dense(h, p["v_proj"].astype(dt))
-  k = con(k, ("batch", "seq", "act_kv_heads", None))
-  by_matmul = kv_write is not None          # the cache path (see apply_rope)
+  k = constrain(k, ("batch", "seq", "act_kv_heads", None), ctx)
   k = apply_rope(rms_norm(k, p["k_norm"], cfg.rms_norm_eps), rope_tab, by_matmul)
-  if select is not None:
-    def take(a):                # a [B,T,...] -> [B,1,...] at `select`
-      at = select.reshape(-1, *([1] * (a.ndim - 1)))
-      return jnp.take_along_axis(a, at, axis=1)
-    x, h, rope_tab = take(x), take(h), tuple(take(a) for a in rope_tab)
-    mask = (take(mask[0]), mask[1])
-  q = _dense(h, p["q_proj"].astype(dt))
-  q = con(q, ("batch", "seq", "act_heads", None))
-  q = apply_rope(rms_norm(q, p["q_norm"], cfg.rms_norm_eps), rope_tab, by_matmul)
-  if kv_write is None:
-    k_all = v_all = None
-    attention_mask, segment_ids = mask
-    att = attn.self_attention(
-        q, k, v, attention_mask=attention_mask, segment_ids=segment_ids,
-        impl=cfg.attention, block=cfg.attention_chunk,
-        reference_block=cfg.attention_block, ctx=ctx, dtype=cfg.dtype)
-  else:
-    k_all, v_all, layer, b_idx, slot = kv_write
-    # Advanced indices split by the kv-head slice: the update is [B,T,K,H].
-    at = (b_idx, slice(None), slot) if layer is None else (
-        layer, b_idx, slice(None), slot)
-    # Keys are stored [B,K,H,S] (slots last): the same rows, one more slice.
-    k_at = at[:-1] + (slice(None), slot)
-    k_all = _scatter_rows(k_all, k_at, k)
-    v_all = _scatter_rows(v_all, at, v)
-    positions, bound = mask
-    if cfg.attention == "reference":
-      k_l, v_l = (k_all, v_all) if layer is None else (k_all[layer], v_all[layer])
-      k_l, v_l = attn.from_storage(k_l), attn.from_storage(v_l)
-      k_l = jnp.swapaxes(k_l, -1, -2)
-      s = k_l.shape[2]
-      vis = jnp.arange(s, dtype=jnp.int32)[None, None, :] <= positions[:, :, None]
-      att = attn.reference(q, k_l.astype(dt), v_l.astype(dt), vis, "BKSH")
-    else:       # reads the cache in place, block by block (no layer copy)
-      att = attn.cache_attention(q, k_all, v_all, positions, bound,
-                                 cfg.attention_chunk, layer)
-  # One contraction over N*H (both reshapes are free): written "BTNH,NHD",
-  # XLA:CPU contracted H-major and transposed o_proj every call (every decode step).
-  o_proj = p["o_proj"].astype(dt)
-  x = x + _dense(att.reshape(*att.shape[:2], -1),
-                 o_proj.reshape(-1, o_proj.shape[-1]))
-  x = con(x, ("batch", "seq", "act_embed"))
-  h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
-  if "down_t" in p:           # a CPU decode step (`Qwen3.decode_weights`)
-    return x + _mlp_out_major(h, p, dt), k_all, v_all
+  return k, v
+
+
+def queries(p, h, rope_tab, cfg: Qwen3Config, ctx, by_matmul: bool = False):
+  """Queries [B,T,N,H] of `h` [B,T,D]: projection, per-head RMSNorm, RoPE."""
+  q = _dense(h, p["q_proj"].astype(h.dtype))
+  q = constrain(q, ("batch", "seq", "act_heads", None), ctx)
+  return apply_rope(rms_norm(q, p["q_norm"], cfg.rms_norm_eps), rope_tab,
+                    by_matmul)
+
+
+def attention_out(p, att, dtype):
+  """The output projection of attention's [B,T,N,H] result: [B,T,D].
+
+  One contraction over N*H (both reshapes are free): written "BTNH,NHD",
+  XLA:CPU contracted H-major and transposed o_proj every call (every decode
+  step).
+  """
+  o_proj = p["o_proj"].astype(dtype)
+  return _dense(att.reshape(*att.shape[:2], -1),
+                o_proj.reshape(-1, o_proj.shape[-1]))
+
+
+def attention(p, h, rope_tab, mask, cfg: Qwen3Config, ctx):
+  """Causal grouped-query self-attention of `h` [B,T,D] (no cache): [B,T,D].
+
+  `mask` is (attention_mask [B,T] or None, segment_ids [B,T] or None); the
+  implementation is `cfg.attention` (`attention.self_attention`).
+  """
+  k, v = keys_values(p, h, rope_tab, cfg, ctx)
+  q = queries(p, h, rope_tab, cfg, ctx)
+  attention_mask, segment_ids = mask
+  att = attn.self_attention(
+      q, k, v, attention_mask=attention_mask, segment_ids=segment_ids,
+      impl=cfg.attention, block=cfg.attention_chunk,
+      reference_block=cfg.attention_block, ctx=ctx, dtype=cfg.dtype)
+  return attention_out(p, att, h.dtype)
+
+
+def mlp(p, h, ctx):
+  """The SwiGLU MLP of `h` [B,T,D]: down(silu(gate(h)) * up(h)), [B,T,D]."""
+  dt = h.dtype
   gate = _dense(h, p["gate_proj"].astype(dt))
   up = _dense(h, p["up_proj"].astype(dt))
-  hidden = con(jax.nn.silu(gate) * up, ("batch", "seq", "act_mlp"))
-  x = x + _dense(hidden, p["down_proj"].astype(dt))
-  x = con(x, ("batch", "seq", "act_embed"))
-  return x, k_all, v_all
+  hidden = constrain(jax.nn.silu(gate) * up, ("batch", "seq", "act_mlp"), ctx)
+  return _dense(hidden, p["down_proj"].astype(dt))
 
 
-def _out_major(y_t, lead):
-  """y_t [Out, M] (an out-major product) as [*lead, Out].
-
-  The barrier keeps XLA from folding the transpose into the product: the
-  folded product would write [M, Out], the slow form (`Qwen3.decode_weights`).
-  """
-  return jax.lax.optimization_barrier(y_t).T.reshape(*lead, -1)
-
-
-def _mlp_out_major(h, p, dt):
-  """The MLP's output for `h` [.., D], from out-major weights.
-
-  The same products as the MLP of `_layer`, on `Qwen3.decode_weights`' copies
-  ([F, D] gate and up, [D, F] down) with the activations [F, M] in between.
-  """
-  h2 = h.reshape(-1, h.shape[-1])
-  gate = jnp.einsum("FD,MD->FM", p["gate_t"].astype(dt), h2)
-  up = jnp.einsum("FD,MD->FM", p["up_t"].astype(dt), h2)
-  out = jnp.einsum("DF,FM->DM", p["down_t"].astype(dt), jax.nn.silu(gate) * up)
-  return _out_major(out, h.shape[:-1])
+def decoder_layer(p, x, rope_tab, mask, cfg: Qwen3Config, ctx):
+  """One decoder layer of the cache-free forward: x [B,T,D] -> [B,T,D]."""
+  h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
+  x = constrain(x + attention(p, h, rope_tab, mask, cfg, ctx),
+                ("batch", "seq", "act_embed"), ctx)
+  h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
+  return constrain(x + mlp(p, h, ctx), ("batch", "seq", "act_embed"), ctx)
 
 
 def _dense(x, w, w_out_first: bool = False, out_dtype=None):
@@ -315,18 +251,16 @@ def _dense(x, w, w_out_first: bool = False, out_dtype=None):
   return y.reshape(*lead, *out)
 
 
-def _scatter_rows(cache, at, new):
-  """`cache.at[at].set(new)` in cache storage (out-of-range slots dropped)."""
-  return cache.at[at].set(attn.to_storage(new, cache.dtype), mode="drop")
-
-
-def _constrain(x, axes, ctx):
+def constrain(x, axes, ctx):
+  """`x` constrained to the logical `axes` under ctx = (mesh, rules); no-op
+  without a ctx (an unsharded model)."""
   if ctx is None:
     return x
   return shd.constrain(x, axes, ctx[0], ctx[1])
 
 
-def _maybe_remat(fn, remat: str):
+def maybe_remat(fn, remat: str):
+  """`fn` under `jax.checkpoint` as `Qwen3Config.remat` says ("none": as is)."""
   if remat == "full":
     return jax.checkpoint(fn)
   if remat == "dots":
@@ -336,7 +270,7 @@ def _maybe_remat(fn, remat: str):
 
 
 class Qwen3(nnx.Module):
-  """Qwen3 causal LM. See the module docstring for layouts and the cache."""
+  """Qwen3 causal LM. See the module docstring for the blocks and layouts."""
 
   def __init__(self, config: Qwen3Config, *, rngs: nnx.Rngs):
     """Random initialisation (normal(0.02) kernels, ones for norms)."""
@@ -357,61 +291,28 @@ class Qwen3(nnx.Module):
     # (mesh, rules) used for activation constraints; set by sharding.shard_model.
     self.sharding_ctx = None
 
-  # -- internals --------------------------------------------------------------
-
-  def _embed(self, input_ids):
+  def embed(self, input_ids):
+    """Token embeddings [B,T,D] of `input_ids` [B,T], in the compute dtype."""
     dt = jnp.dtype(self.config.dtype)
     x = jnp.take(self.embed_tokens[...], input_ids, axis=0).astype(dt)
-    return _constrain(x, ("batch", "seq", "act_embed"), self.sharding_ctx)
+    return constrain(x, ("batch", "seq", "act_embed"), self.sharding_ctx)
 
-  def _run_layers(self, x, positions, mask, cache=None, b_idx=None, slot=None,
-                  select=None, layer_weights=None):
-    """Runs all layers (loop or scan); threads the [L,...] caches if given.
-
-    `select` ([B] chunk positions, with a cache, unscanned layers only): the
-    last layer computes its output at those positions only (`_layer`).
-    `layer_weights`: None, or `decode_weights()["layers"]` (out-major MLP
-    weights, added to each layer's arrays).
-    """
+  def _run_layers(self, x, positions, mask):
+    """Runs every `decoder_layer` (a loop, or a scan over stacked layers)."""
     cfg, ctx = self.config, self.sharding_ctx
-
     rope_tab = rope_tables(positions, cfg.head_dim, cfg.rope_theta)
 
-    def one(p, x, k_all, v_all, layer, select=None):
-      kv = None if k_all is None else (k_all, v_all, layer, b_idx, slot)
-      return _layer(p, x, rope_tab, mask, cfg, ctx, kv, select)
+    def layer(p, x):
+      return decoder_layer(p, x, rope_tab, mask, cfg, ctx)
 
-    one = _maybe_remat(one, cfg.remat)
-    k_all = v_all = None
-    if cache is not None:
-      k_all, v_all = cache["k"], cache["v"]
+    layer = maybe_remat(layer, cfg.remat)
     if cfg.scan_layers:
-      def body(carry, xs):
-        x, k_all, v_all = carry
-        p, layer = xs
-        x, k_all, v_all = one(p, x, k_all, v_all, layer)
-        return (x, k_all, v_all), None
-      xs = ({**self.layers.arrays(), **(layer_weights or {})},
-            jnp.arange(cfg.num_layers))
-      (x, k_all, v_all), _ = jax.lax.scan(body, (x, k_all, v_all), xs)
-    else:       # per-layer caches (a tuple each): read and written in place
-      ks, vs = [], []
-      last = len(self.layers) - 1
-      for i, layer in enumerate(self.layers):
-        k_i = v_i = None
-        if k_all is not None:
-          k_i, v_i = k_all[i], v_all[i]
-        p = layer.arrays()
-        if layer_weights is not None:
-          p.update(layer_weights[i])
-        x, k_i, v_i = one(p, x, k_i, v_i, None, select if i == last else None)
-        ks.append(k_i)
-        vs.append(v_i)
-      if k_all is not None:
-        k_all, v_all = tuple(ks), tuple(vs)
-    return x, k_all, v_all
-
-  # -- public API -------------------------------------------------------------
+      x, _ = jax.lax.scan(lambda x, p: (layer(p, x), None), x,
+                          self.layers.arrays())
+      return x
+    for layer_params in self.layers:
+      x = layer(layer_params.arrays(), x)
+    return x
 
   def hidden(self, input_ids, attention_mask=None, positions=None,
              segment_ids=None):
@@ -422,8 +323,8 @@ class Qwen3(nnx.Module):
     b, t = input_ids.shape
     if positions is None:
       positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    x, _, _ = self._run_layers(self._embed(input_ids), positions,
-                               (attention_mask, segment_ids))
+    x = self._run_layers(self.embed(input_ids), positions,
+                         (attention_mask, segment_ids))
     return rms_norm(x, self.norm[...], self.config.rms_norm_eps)
 
   def __call__(self, input_ids, attention_mask=None, positions=None,
@@ -446,186 +347,19 @@ class Qwen3(nnx.Module):
     return self.head(self.hidden(input_ids, attention_mask, positions,
                                  segment_ids))
 
-  def decode_weights(self, max_copy_bytes: int = DECODE_COPY_MAX_BYTES):
-    """Out-major copies of the weights a CPU decode step multiplies, or None.
-
-    A decode step multiplies [B, In] activations (B = the batch, 32 in the
-    sampler bench) by each weight. XLA:CPU runs that product at ~105-112
-    GFLOP/s with the weight [In, Out] and at ~137-154 with it [Out, In] and
-    the product written [Out, B] ("OI,BI->OB"); written [B, Out] it is the
-    slowest form, ~90 (docs/records/sampler_speed.md). The tied LM head's weight, the
-    embedding [V, D], is out-major already; the MLP's are copied, transposed.
-    `sampling.Sampler` builds these once per set of weights (holding a second
-    copy of the MLP's weights while they are current) and its decode loop
-    passes them to `forward_chunk(decode_weights=...)`; the prefill, whose
-    products have thousands of rows, keeps the parameters' layout.
-
-    Args:
-      max_copy_bytes: the most the copies may take. Above it (a CPU model of
-        more than ~0.6B parameters in fp32) the MLP keeps the parameters'
-        layout, and so does an untied head.
-
-    Returns:
-      None off the CPU, for a sharded model (the dry run's stand-in for
-      accelerators), and for an untied model whose copies exceed
-      `max_copy_bytes`; else {"head": None (tied: the embedding) or the untied
-      head as [V, D], "layers": None (over `max_copy_bytes`) or per layer
-      {"gate_t": [F, D], "up_t": [F, D], "down_t": [D, F]} (a tuple; stacked
-      [L, ...] arrays for scanned layers)}.
-    """
-    cfg = self.config
-    if jax.default_backend() != "cpu" or self.sharding_ctx is not None:
-      return None
-    dt = jnp.dtype(cfg.dtype)
-    copy_bytes = dt.itemsize * (
-        3 * cfg.num_layers * cfg.hidden_size * cfg.intermediate_size
-        + (0 if cfg.tie_embeddings else cfg.vocab_size * cfg.hidden_size))
-    if copy_bytes > max_copy_bytes:
-      return {"head": None, "layers": None} if cfg.tie_embeddings else None
-
-    def out_major(p):
-      return {"gate_t": jnp.swapaxes(p["gate_proj"], -1, -2).astype(dt),
-              "up_t": jnp.swapaxes(p["up_proj"], -1, -2).astype(dt),
-              "down_t": jnp.swapaxes(p["down_proj"], -1, -2).astype(dt)}
-
-    if cfg.scan_layers:
-      layers = out_major(self.layers.arrays())
-    else:
-      layers = tuple(out_major(layer.arrays()) for layer in self.layers)
-    head = None if cfg.tie_embeddings else self.lm_head[...].T.astype(dt)
-    return {"head": head, "layers": layers}
-
-  def head(self, h, decode_weights=None):
-    """LM-head logits [...,V] float32 of final hidden states `h` [...,D].
-
-    `decode_weights`: None, or `decode_weights()` (the product written
-    [V, rows], then transposed).
-    """
-    cfg = self.config
-    if decode_weights is not None:
-      w = decode_weights["head"]
-      w = self.embed_tokens[...] if w is None else w
-      logits = _out_major(
-          jnp.einsum("VD,MD->VM", w.astype(h.dtype), h.reshape(-1, h.shape[-1]),
-                     preferred_element_type=jnp.float32), h.shape[:-1])
-    elif cfg.tie_embeddings:
+  def head(self, h):
+    """LM-head logits [...,V] float32 of final hidden states `h` [...,D]."""
+    if self.config.tie_embeddings:
       logits = _dense(h, self.embed_tokens[...].astype(h.dtype),
                       w_out_first=True, out_dtype=jnp.float32)
     else:
       logits = _dense(h, self.lm_head[...].astype(h.dtype),
                       out_dtype=jnp.float32)
+    return self.constrain_logits(logits)
+
+  def constrain_logits(self, logits):
+    """`logits` [B,T,V] on the activation sharding, as float32 (any other
+    rank: only the dtype)."""
     if logits.ndim == 3:
-      logits = _constrain(logits, ("batch", "seq", "act_vocab"), self.sharding_ctx)
+      logits = constrain(logits, ("batch", "seq", "act_vocab"), self.sharding_ctx)
     return logits.astype(jnp.float32)
-
-  def init_cache(self, batch_size: int, max_len: int, dtype=None) -> dict:
-    """An empty KV cache: {"k","v": zeros, "lengths": [B] int32}.
-
-    "v" is an [L,B,K,S,H] array with `scan_layers`, else a tuple of L
-    [B,K,S,H] arrays; "k" the same with slots last, [.., H, S] (see the
-    module docstring; `cache_layers` gives either as [L,B,K,S,H]).
-
-    A bfloat16 cache is stored as uint16 bits (`attention.STORAGE`); read it
-    with `attention.from_storage`.
-    """
-    cfg = self.config
-    dtype = attn.storage_dtype(dtype or cfg.dtype)
-    shape = (batch_size, cfg.num_kv_heads, max_len, cfg.head_dim)
-    k_shape = shape[:2] + shape[:1:-1]          # keys [B,K,H,S]: slots last
-    if cfg.scan_layers:
-      zeros = lambda shape: jnp.zeros((cfg.num_layers,) + shape, dtype)
-    else:
-      zeros = lambda shape: tuple(jnp.zeros(shape, dtype)
-                                  for _ in range(cfg.num_layers))
-    cache = {"k": zeros(k_shape), "v": zeros(shape),
-             "lengths": jnp.zeros((batch_size,), jnp.int32)}
-    return self.constrain_cache(cache)
-
-  def constrain_cache(self, cache: dict) -> dict:
-    """Applies the cache's logical sharding (batch over data/fsdp, kv heads)."""
-    ctx = self.sharding_ctx
-    axes = ("batch", "act_kv_heads", "cache_seq", None)
-    k_axes = axes[:2] + axes[:1:-1]
-
-    def con(arrays, axes):
-      if isinstance(arrays, (list, tuple)):
-        return tuple(_constrain(a, axes, ctx) for a in arrays)
-      return _constrain(arrays, ("layers",) + axes, ctx)
-
-    return {"k": con(cache["k"], k_axes), "v": con(cache["v"], axes),
-            "lengths": cache["lengths"]}
-
-  def resize_cache(self, cache: dict, capacity: int) -> dict:
-    """`cache` with room for `capacity` slots per row (it can only grow).
-
-    The filled slots and the lengths are kept; the new slots are zeros. A
-    sampler that starts small and grows its cache when a row needs more
-    (`sampling.Sampler(cache_steps=...)`) runs its decode steps over the
-    slots its rows can reach, not over the whole capacity.
-    """
-    s = cache_capacity(cache)
-    if capacity < s:
-      raise ValueError(f"cannot shrink a cache of {s} slots to {capacity}")
-
-    def pad(arrays, axis):
-      def one(a):
-        widths = [(0, 0)] * a.ndim
-        widths[axis % a.ndim] = (0, capacity - s)
-        return jnp.pad(a, widths)
-      if isinstance(arrays, (list, tuple)):
-        return tuple(one(a) for a in arrays)
-      return one(arrays)
-    # Keys are [.., H, S] (slots last), values [.., S, H].
-    return self.constrain_cache({"k": pad(cache["k"], -1),
-                                 "v": pad(cache["v"], -2),
-                                 "lengths": cache["lengths"]})
-
-  def forward_chunk(self, input_ids, cache, num_new, logits_at=None,
-                    decode_weights=None):
-    """Appends a right-padded chunk to each row of the cache.
-
-    Token i of row b is written to slot lengths[b]+i with position lengths[b]+i
-    and attends to slots j <= lengths[b]+i. Tokens i >= num_new[b] are padding:
-    they are not written (their logits are garbage and must be ignored).
-
-    Args:
-      input_ids: [B,T] int chunk (right-padded).
-      cache: the pytree from `init_cache` (or a previous call).
-      num_new: [B] int32, real tokens per row (0 leaves the row untouched).
-      logits_at: optional [B] int, one chunk position per row: only its logits
-        are computed (a prefill needs the last token's; the LM head over every
-        position would be a quarter of the prefill's work at vocab 4096).
-      decode_weights: None, or `decode_weights()` (out-major weights for a
-        decode step's LM head and MLP; the logits are the same up to float
-        rounding).
-
-    Returns:
-      (logits [B,T,V] float32 ([B,1,V] with `logits_at`), cache with
-      lengths += num_new).
-    """
-    b, t = input_ids.shape
-    s = cache_capacity(cache)
-    lengths = cache["lengths"].astype(jnp.int32)
-    num_new = jnp.asarray(num_new, jnp.int32)
-    offs = jnp.arange(t, dtype=jnp.int32)[None, :]
-    positions = lengths[:, None] + offs                                 # [B,T]
-    slot = jnp.where(offs < num_new[:, None], positions, s)  # s = dropped write
-    b_idx = jnp.broadcast_to(jnp.arange(b, dtype=jnp.int32)[:, None], (b, t))
-    # The longest live row after this chunk: attention reads no slot past it.
-    bound = jnp.max(lengths + num_new)
-    at = None
-    if logits_at is not None:
-      at = jnp.clip(jnp.asarray(logits_at, jnp.int32), 0, t - 1)
-    # Unscanned, the last layer computes its output at `at` only: the other
-    # positions' outputs would be thrown away (~23% of the demo's prefill).
-    select = None if self.config.scan_layers or t == 1 else at
-    x, k_all, v_all = self._run_layers(self._embed(input_ids), positions,
-                                       (positions, bound), cache, b_idx, slot,
-                                       select, None if decode_weights is None
-                                       else decode_weights["layers"])
-    new_cache = self.constrain_cache(
-        {"k": k_all, "v": v_all, "lengths": lengths + num_new})
-    if at is not None and select is None:
-      x = jnp.take_along_axis(x, at[:, None, None], axis=1)
-    return self.head(rms_norm(x, self.norm[...], self.config.rms_norm_eps),
-                     decode_weights), new_cache

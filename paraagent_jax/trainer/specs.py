@@ -27,7 +27,7 @@ from typing import Any, Mapping
 from paraagent_jax import config_utils
 from paraagent_jax import provenance
 from paraagent_jax import rundir
-from paraagent_jax import sampling_kernels
+from paraagent_jax.sampling import programs as sampling_programs
 from paraagent_jax import sharding as shd
 from paraagent_jax.data import rows as data_rows
 from paraagent_jax.evaluation import heldout
@@ -156,7 +156,7 @@ class SamplingSpec:
   temperature: float
   top_k: int
   top_p: float
-  draw: str                     # "gumbel" | "inverse_cdf" (`sampling_kernels.DRAWS`)
+  draw: str                     # "gumbel" | "inverse_cdf" (`sampling_programs.DRAWS`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -267,9 +267,9 @@ def rl_spec(config) -> RLSpec:
   rl = config.rl
   tasks = task_spec(config)   # checked before the evaluation, not at iteration 1
   draw = str(rl.get("draw", "gumbel"))
-  if draw not in sampling_kernels.DRAWS:
+  if draw not in sampling_programs.DRAWS:
     raise ConfigError(f"rl.draw={rl.draw!r}; expected one of "
-                      f"{', '.join(sampling_kernels.DRAWS)}")
+                      f"{', '.join(sampling_programs.DRAWS)}")
   buckets = length_buckets(rl)
   tokenizer = rundir.tokenizer_dir(config)
   if not tokenizer or not os.path.exists(tokenizer):

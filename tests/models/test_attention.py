@@ -2,10 +2,9 @@
 
 Every implementation of `paraagent_jax.models.attention` is compared with the
 dense einsum path (`reference`) on random inputs with padding, packed segments
-and GQA ratios 1, 2 and 3, forward and gradients in fp32 (1e-5); the KV-cache
-attention with the dense attention over the whole cache; the chunked log-probs
-with the unchunked ones (1e-6); and the compiled decode program's temporaries
-with the size of the cache it updates in place.
+and GQA ratios 1, 2 and 3, forward and gradients in fp32 (1e-5); and the chunked
+log-probs with the unchunked ones (1e-6). The attention over the KV cache is
+tested in tests/sampling/test_kv_cache.py.
 """
 
 import functools
@@ -18,8 +17,6 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from paraagent_jax import sampling
-from paraagent_jax import sampling_kernels
 from paraagent_jax import sharding as shd
 from paraagent_jax.models import attention as attn
 from paraagent_jax.learner import logprobs
@@ -235,38 +232,6 @@ def test_resolve_auto_and_unknown():
     qwen3.Qwen3Config.preset("tiny", attention="flash")
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("s,block,t", [(50, 16, 4), (64, 64, 4), (40, 512, 4),
-                                       (150, 256, 4), (50, 16, 1), (40, 512, 1),
-                                       (150, 256, 1)])
-def test_cache_attention_matches_dense_over_cache(s, block, t):
-  """Blocks of the cache, a clamped last block, rows of different lengths.
-
-  t = 1 is a decode step; keys are passed slots last, [B,K,H,S], as the
-  model's cache stores them. (150, 256, 4): on the CPU a chunk reads blocks
-  of `CPU_CHUNK_KEY_BLOCK` = 64 slots, the last one clamped; a decode step
-  reads the 150 slots as one block.
-  """
-  b, n, k, h = 3, 4, 2, 8
-  ks = jax.random.split(jax.random.key(7), 3)
-  q = jax.random.normal(ks[0], (b, t, n, h))
-  kc = jax.random.normal(ks[1], (b, k, s, h))
-  vc = jax.random.normal(ks[2], (b, k, s, h))
-  lengths = np.array([3, s - t, 20])               # slots before the chunk
-  positions = jnp.asarray(lengths[:, None] + np.arange(t)[None], jnp.int32)
-  vis = jnp.arange(s)[None, None, :] <= positions[:, :, None]
-  want = attn.reference(q, kc, vc, vis, "BKSH")
-  kc_t = jnp.swapaxes(kc, -1, -2)
-  got = attn.cache_attention(q, kc_t, vc, positions, int(positions.max()) + 1,
-                             block)
-  np.testing.assert_allclose(got, want, atol=1e-5)
-  # The stacked form [L,B,K,H,S] / [L,B,K,S,H] reads the same layer.
-  stack = lambda x: jnp.stack([x * 0 + 5.0, x])
-  got1 = attn.cache_attention(q, stack(kc_t), stack(vc), positions,
-                              int(positions.max()) + 1, block, layer=1)
-  np.testing.assert_allclose(got1, want, atol=1e-5)
-
-
 @pytest.fixture(scope="module")
 def tiny_pair():
   """Two tiny models with the same weights: chunked log-probs and unchunked."""
@@ -434,41 +399,6 @@ def test_chunked_logprobs_hold_no_full_logits():
   assert _largest_f32_array(chunked) < logit_elems / 4
   temp = lambda c: c.memory_analysis().temp_size_in_bytes
   assert temp(chunked) - temp(body) < full_logits / 4, (temp(body), temp(chunked))
-
-
-@pytest.mark.slow
-def test_decode_program_holds_no_copy_of_the_cache():
-  """The compiled decode loop's temporaries are far below one cache."""
-  cfg = qwen3.Qwen3Config.preset("tiny", attention_chunk=128)
-  model = qwen3.Qwen3(cfg, rngs=nnx.Rngs(0))
-  graphdef, params = nnx.split(model)
-  rows, max_len = 8, 4096
-  cache = model.init_cache(rows, max_len)
-  cache_bytes = sum(x.nbytes for x in jax.tree.leaves(cache))   # 16 MiB
-  budget = np.full((rows,), 16, np.int32)
-  args = (graphdef, params, cache, jnp.zeros((rows, cfg.vocab_size)),
-          jax.random.key(0), sampling_kernels.decode_loop_init(budget, 16, 1, 0),
-          budget, jnp.zeros((1, 1), jnp.int32), jnp.ones((1, 1), bool),
-          jnp.float32(1.0), jnp.float32(1.0), model.decode_weights())
-  for greedy in (False, True):
-    compiled = sampling_kernels.DECODE_JIT.lower(
-        *args, greedy=greedy, top_k=0, use_top_p=False, pad_id=0).compile()
-    mem = compiled.memory_analysis()
-    assert mem.temp_size_in_bytes < cache_bytes / 8, (
-        greedy, mem.temp_size_in_bytes, cache_bytes)
-  # On the CPU the sampler's cache grows in steps; each size's decode
-  # program is this one at a smaller capacity, and the copy into the next
-  # size is a program of its own (`RESIZE_JIT`).
-  assert sampling.Sampler(model, rows, max_len).cache_capacities == (
-      1024, 2048, 3072, 4096)
-  # The append (prefill) program too: its temporaries are [B,K,G,T,block]
-  # scores (1 MiB each at T = 64; 256 KiB at 16), far below one layer's
-  # keys (2 MiB).
-  ids = jnp.zeros((rows, 16), jnp.int32)
-  compiled = sampling_kernels.APPEND_JIT.lower(
-      graphdef, params, cache, args[3], ids, jnp.full((rows,), 16, jnp.int32)
-  ).compile()
-  assert compiled.memory_analysis().temp_size_in_bytes < cache_bytes / 8
 
 
 @pytest.mark.parametrize("impl", ["splash", "tokamax"])

@@ -38,7 +38,7 @@ def test_profile_table_accounts_for_the_traced_thunks():
   assert abs(sum(float(r[2]) for r in rows) - summed) <= 1e-4 * (len(rows) + 1)
   # Every decode step runs the LM head: a dot with a [vocab, batch] output
   # (the demo-size model of sampler_bench: vocab 4096; on the CPU the decode
-  # writes the head's product out-major, `Qwen3.decode_weights`).
+  # writes the head's product out-major, `cached_forward.decode_weights`).
   # Both programs' runs are mapped: one head per step over all 12 steps.
   head = [r for r in rows if "dot_general" in r[0] and r[1] == "f32[4096,2]"]
   assert [r[4] for r in head] == ["1.0"], out

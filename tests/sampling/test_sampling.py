@@ -15,9 +15,9 @@ import transformers
 
 from flax import nnx
 from paraagent_jax import sampling
-from paraagent_jax import sampling_kernels
 from paraagent_jax.models import hf_io
-from paraagent_jax.models import qwen3
+from paraagent_jax.sampling import kv_cache
+from paraagent_jax.sampling import programs
 
 # (tie_embeddings, num_kv_heads): GQA ratio 2 with tied embeddings, ratio 1 untied.
 CONFIGS = [(True, 2), (False, 4)]
@@ -77,13 +77,13 @@ def test_token_logprob_equals_log_softmax_at_the_token():
   logits = (rs.randn(5, 300) * 20).astype(np.float32)
   logits[1] += 1e4                    # a large shift: still exact after the max
   tok = np.array([0, 299, 17, 150, int(np.argmax(logits[4]))], np.int32)
-  got = np.asarray(jax.jit(sampling_kernels.token_logprob)(logits, tok))
+  got = np.asarray(jax.jit(programs.token_logprob)(logits, tok))
   x = logits.astype(np.float64)
   want = (x - x.max(-1, keepdims=True)
           - np.log(np.exp(x - x.max(-1, keepdims=True)).sum(-1, keepdims=True)))
   np.testing.assert_allclose(got, want[np.arange(5), tok], rtol=1e-6, atol=1e-5)
   # Over the first axis (the decode loop's [V, B] logits): the same numbers.
-  got_t = np.asarray(jax.jit(sampling_kernels.token_logprob, static_argnums=2)(
+  got_t = np.asarray(jax.jit(programs.token_logprob, static_argnums=2)(
       logits.T, tok, 0))
   np.testing.assert_array_equal(got_t, got)
 
@@ -100,7 +100,7 @@ def test_sampler_copy_agrees_with_the_learners_logprobs():
   tokens = rs.randint(0, v, size=(b, t)).astype(np.int32)
   logits = h @ w
   # The sampler: position t - 1's logits pick token t.
-  fused = np.stack([np.asarray(sampling_kernels.token_logprob(
+  fused = np.stack([np.asarray(programs.token_logprob(
       jnp.asarray(logits[:, i - 1]), jnp.asarray(tokens[:, i]))) for i in range(1, t)], 1)
   whole = np.asarray(logprobs.logprobs_from_logits(jnp.asarray(logits), jnp.asarray(tokens)))
   chunked = np.asarray(logprobs.logprobs_from_hidden(lambda x: x @ jnp.asarray(w),
@@ -119,11 +119,11 @@ def test_argmax_is_numpys_first_maximum_and_nan_wins():
   x[2, -1] = 60.0                       # the last index
   x[3, 5] = np.nan                      # NaN wins, as in jnp.argmax
   x[4] = 0.0                            # all equal
-  got = np.asarray(jax.jit(sampling_kernels.argmax)(x))
+  got = np.asarray(jax.jit(programs.argmax)(x))
   np.testing.assert_array_equal(got, np.asarray(jnp.argmax(x, axis=-1)))
   np.testing.assert_array_equal(got[:5], [np.argmax(x[0]), 7, 4095, 5, 0])
   assert got.dtype == np.int32
-  got_t = np.asarray(jax.jit(sampling_kernels.argmax, static_argnums=1)(x.T, 0))
+  got_t = np.asarray(jax.jit(programs.argmax, static_argnums=1)(x.T, 0))
   np.testing.assert_array_equal(got_t, got)
 
 
@@ -275,7 +275,7 @@ def test_sampling_seeded_and_restricted(models):
 def _sample_many(logits, n, **kw):
   keys = jax.random.split(jax.random.key(0), n)
   x = jax.numpy.asarray(np.tile(logits, (1, 1)), jax.numpy.float32)
-  fn = lambda k: sampling_kernels.sample_token(x, k, 1.0, kw.get("top_p", 1.0),  # pylint: disable=protected-access
+  fn = lambda k: programs.sample_token(x, k, 1.0, kw.get("top_p", 1.0),  # pylint: disable=protected-access
                                   greedy=False, top_k=kw.get("top_k", 0),
                                   use_top_p=kw.get("top_p", 1.0) < 1.0,
                                   draw=kw.get("draw", "gumbel"))
@@ -318,7 +318,7 @@ def test_inverse_cdf_draw_matches_the_distribution_across_blocks():
   p /= p.sum()
   x = jax.numpy.asarray(np.tile(logits, (4, 1)), jax.numpy.float32)
   keys = jax.random.split(jax.random.key(1), 5000)
-  toks = np.asarray(jax.vmap(lambda k: sampling_kernels.inverse_cdf_choice(x, k))(keys))
+  toks = np.asarray(jax.vmap(lambda k: programs.inverse_cdf_choice(x, k))(keys))
   toks = toks.reshape(-1)
   assert np.all(p[toks] > 0)                      # never a -inf entry
   counts = np.bincount(toks, minlength=v)
@@ -331,10 +331,10 @@ def test_inverse_cdf_draw_matches_the_distribution_across_blocks():
   # A one-hot row always gives its entry; a bad draw name is refused.
   one = np.full((2, v), -np.inf, np.float32)
   one[:, 299] = 0.0
-  assert np.asarray(sampling_kernels.inverse_cdf_choice(jax.numpy.asarray(one),
+  assert np.asarray(programs.inverse_cdf_choice(jax.numpy.asarray(one),
                                                         jax.random.key(3))).tolist() == [299, 299]
   with pytest.raises(ValueError, match="draw"):
-    sampling_kernels.sample_token(x, jax.random.key(0), 1.0, 1.0, greedy=False, top_k=0,
+    programs.sample_token(x, jax.random.key(0), 1.0, 1.0, greedy=False, top_k=0,
                                   use_top_p=False, draw="nope")
 
 
@@ -369,7 +369,7 @@ def test_bucketing_avoids_recompiles_and_counts_tokens(models):
 
 def _compiled_texts(n_before):
   """Optimised HLO of the programs compiled after the first `n_before`."""
-  return [c.as_text() for c in list(sampling._COMPILED.values())[n_before:]]  # pylint: disable=protected-access
+  return [c.as_text() for c in list(sampling.sampler._COMPILED.values())[n_before:]]  # pylint: disable=protected-access
 
 
 @pytest.mark.slow
@@ -384,7 +384,7 @@ def test_compiler_options_reach_xla_and_keep_tokens(models):
   prompts = _prompts(21, [5, 8])
   plain = sampling.Sampler(model, batch_size=2, max_len=32)
   ref = plain.generate(plain.prefill(prompts), 6)
-  n = len(sampling._COMPILED)  # pylint: disable=protected-access
+  n = len(sampling.sampler._COMPILED)  # pylint: disable=protected-access
   ynn_off = {"xla_cpu_experimental_ynn_fusion_type": ""}
   other = sampling.Sampler(model, batch_size=2, max_len=32,
                            compiler_options=ynn_off)
@@ -399,7 +399,7 @@ def test_compiler_options_reach_xla_and_keep_tokens(models):
   # The default decode programs (no options: key[3] is empty) do use YNNPACK,
   # so the check above could not pass by accident.
   assert plain.compiler_options == {}
-  default_text = [c.as_text() for k, c in sampling._COMPILED.items()  # pylint: disable=protected-access
+  default_text = [c.as_text() for k, c in sampling.sampler._COMPILED.items()  # pylint: disable=protected-access
                   if k[0] == "decode" and k[1] is plain.graphdef and not k[3]]
   assert default_text and all("__ynn_fusion" in t for t in default_text)
   # A misspelt option fails at the first call (compiling) and names the option.
@@ -432,7 +432,7 @@ def test_growing_cache_equals_the_full_cache(models, temperature):
     assert sampler.cache_capacities == ((16, 32, 48, 64) if steps == 4
                                         else (64,))
     state = sampler.prefill(prompts)
-    caps.append([qwen3.cache_capacity(state.cache)])
+    caps.append([kv_cache.cache_capacity(state.cache)])
     first = sampler.generate(state, 20, **kw)
     second = sampler.generate(
         sampler.append(first.state, [[5, 6] * 6, [7], [8]]), 14,
@@ -441,7 +441,7 @@ def test_growing_cache_equals_the_full_cache(models, temperature):
                              pad_token_id=-1)
     outs.append((first, second, third))
     for out in outs[-1]:
-      caps[-1].append(qwen3.cache_capacity(out.state.cache))
+      caps[-1].append(kv_cache.cache_capacity(out.state.cache))
       assert out.state.max_len == 64
   for plain, grown in zip(*outs):
     np.testing.assert_array_equal(grown.tokens, plain.tokens)

@@ -136,118 +136,149 @@ def _item_schema(res: dict[str, Any]) -> dict[str, Any]:
 def _tool(brand: str, provider: str, category: str, op: str,
           res: dict[str, Any] | None, rng: random.Random,
           conv: tuple[str, tuple[str, ...]] | None = None) -> Tool:
-  """One operation of one provider as a `Tool`."""
+  """One operation of one provider as a `Tool` (one draw from ``rng``: the
+  description's wording)."""
   if op == "convert":
-    q, units = conv
-    desc = _pick(rng, _DESC["convert"]).format(B=provider, Q=_words(q),
-                                                 UL=", ".join(units))
-    params = {"type": "object", "required": ["amount", "from_unit", "to_unit"],
-              "properties": {
-                  "amount": {"type": "number", "description": f"The {_words(q)} amount."},
-                  "from_unit": {"type": "string", "enum": list(units),
-                                "description": "Unit of the amount."},
-                  "to_unit": {"type": "string", "enum": list(units),
-                              "description": "Unit to convert to."},
-                  "precision": {"type": "integer", "default": 2, "minimum": 0,
-                                "maximum": 6, "description": "Decimal places."}}}
-    resp = {"type": "object", "properties": {
-        "result": {"type": "number"}, "to_unit": {"type": "string", "enum": list(units)},
-        "rate": {"type": "number"}}}
-    return Tool(name=f"{brand}_convert_{q}", category=category, provider=provider,
-                description=desc, parameters=params, response=resp, effect="read",
-                source="procedural",
-                meta={"kind": "convert", "quantity": q, "units": list(units),
-                      "produces": {}, "consumes": {}})
+    return _convert_tool(brand, provider, category, conv, rng)
   noun = res["noun"]
   idf = noun + "_id"
+  desc = _pick(rng, _DESC[op]).format(
+      B=provider, N=_words(noun), P=_plural(noun), F=_words(res["filter"]),
+      U=_words(res["update"]), D=", ".join(_words(f) for f in dict(res["fields"])))
+  if op not in _ENTITY_OPS:
+    raise ValueError(op)
+  name, props, req, resp, effect = _ENTITY_OPS[op](brand, res)
+  # The id's value flow: search/list results and create responses produce
+  # it, get/update/delete/stats consume it (get also returns it).
   tag = f"{provider}/{idf}"
-  fields = dict(res["fields"])
-  n_words, p_words = _words(noun), _plural(noun)
-  upd = res["update"]
-  detail = ", ".join(_words(f) for f in fields)
-  desc = _pick(rng, _DESC[op]).format(B=provider, N=n_words, P=p_words,
-                                       F=_words(res["filter"]), U=_words(upd),
-                                       D=detail)
-  id_param = {"type": "string", "description": f"Id of the {n_words} (e.g. from a search)."}
-  record = {"type": "object", "properties": {
-      idf: {"type": "string"}, "name": {"type": "string", "x-gen": "title"},
-      **{f: _field_schema(t, f) for f, t in res["fields"]}}}
   produces: dict[str, str] = {}
   consumes: dict[str, str] = {}
-  effect = "read"
   if op in ("search", "list"):
+    produces[f"{'results' if op == 'search' else 'items'}[].{idf}"] = tag
+  if op in ("get", "create"):
+    produces[idf] = tag
+  if op in ("get", "update", "delete", "stats"):
+    consumes[idf] = tag
+  return Tool(name=name, category=category, provider=provider, description=desc,
+              parameters={"type": "object", "properties": props, "required": req},
+              response=resp, effect=effect, source="procedural",
+              meta={"kind": op, "entity": noun, "id_field": idf,
+                    "id_prefix": noun[:3], "produces": produces,
+                    "consumes": consumes, "update_field": res["update"],
+                    "filter_field": res["filter"]})
+
+
+def _convert_tool(brand: str, provider: str, category: str,
+                  conv: tuple[str, tuple[str, ...]], rng: random.Random) -> Tool:
+  """A provider's unit converter for the quantity ``conv = (q, units)``."""
+  q, units = conv
+  desc = _pick(rng, _DESC["convert"]).format(B=provider, Q=_words(q),
+                                               UL=", ".join(units))
+  params = {"type": "object", "required": ["amount", "from_unit", "to_unit"],
+            "properties": {
+                "amount": {"type": "number", "description": f"The {_words(q)} amount."},
+                "from_unit": {"type": "string", "enum": list(units),
+                              "description": "Unit of the amount."},
+                "to_unit": {"type": "string", "enum": list(units),
+                            "description": "Unit to convert to."},
+                "precision": {"type": "integer", "default": 2, "minimum": 0,
+                              "maximum": 6, "description": "Decimal places."}}}
+  resp = {"type": "object", "properties": {
+      "result": {"type": "number"}, "to_unit": {"type": "string", "enum": list(units)},
+      "rate": {"type": "number"}}}
+  return Tool(name=f"{brand}_convert_{q}", category=category, provider=provider,
+              description=desc, parameters=params, response=resp, effect="read",
+              source="procedural",
+              meta={"kind": "convert", "quantity": q, "units": list(units),
+                    "produces": {}, "consumes": {}})
+
+
+# Each entity operation's (name, parameter properties, required, response
+# schema, effect), from the brand and the parsed resource.
+
+def _id_param(res) -> dict[str, Any]:
+  return {"type": "string",
+          "description": f"Id of the {_words(res['noun'])} (e.g. from a search)."}
+
+
+def _search_or_list(op: str):
+  def build(brand, res):
+    noun, fields = res["noun"], dict(res["fields"])
     key = "results" if op == "search" else "items"
     if op == "search":
-      props = {"query": {"type": "string", "description": f"Keywords to match in {n_words} names."}}
+      props = {"query": {"type": "string",
+                         "description": f"Keywords to match in {_words(noun)} names."}}
       req = ["query"]
     else:
       f0 = res["filter"]
       props = {f0: {**_field_schema(fields[f0], f0),
-                    "description": f"Only {p_words} with this {_words(f0)}."}}
+                    "description": f"Only {_plural(noun)} with this {_words(f0)}."}}
       req = [f0]
     props["limit"] = {"type": "integer", "default": 3, "minimum": 1, "maximum": 5,
                       "description": "How many results to return."}
     resp = {"type": "object", "properties": {
         key: {"type": "array", "maxItems": 5, "items": _item_schema(res)},
         "count": {"type": "integer", "minimum": 0, "maximum": 500}}}
-    name = f"{brand}_{op}_{_plural(noun).replace(' ', '_')}"
-    produces[f"{key}[].{idf}"] = tag
-  elif op == "get":
-    props, req = {idf: id_param}, [idf]
-    resp = record
-    name = f"{brand}_get_{noun}"
-    consumes[idf] = tag
-    produces[idf] = tag
-  elif op == "create":
-    props = {"name": {"type": "string", "description": f"Name of the new {n_words}."},
-             upd: {**_field_schema(fields[upd], upd),
-                   "description": f"The {_words(upd)} of the new {n_words}."}}
-    req = ["name", upd]
-    resp = {"type": "object", "properties": {
-        idf: {"type": "string"}, "status": {"type": "string", "enum": ["created"]}}}
-    name = f"{brand}_create_{noun}"
-    produces[idf] = tag
-    effect = "write"
-  elif op == "update":
-    props = {idf: id_param,
-             upd: {**_field_schema(fields[upd], upd), "description": f"New {_words(upd)}."}}
-    req = [idf, upd]
-    resp = {"type": "object", "properties": {
-        idf: {"type": "string"}, upd: _field_schema(fields[upd], upd),
-        "status": {"type": "string", "enum": ["updated"]}}}
-    name = f"{brand}_update_{noun}_{upd}"
-    consumes[idf] = tag
-    effect = "write"
-  elif op == "delete":
-    props = {idf: id_param,
-             "reason": {"type": "string", "description": "Optional note kept in the log."}}
-    req = [idf]
-    resp = {"type": "object", "properties": {
-        idf: {"type": "string"}, "status": {"type": "string", "enum": ["deleted"]}}}
-    name = f"{brand}_delete_{noun}"
-    consumes[idf] = tag
-    effect = "write"
-  elif op == "stats":
-    props = {idf: id_param,
-             "period": {"type": "string", "enum": ["day", "week", "month", "year"],
-                        "description": "Aggregation period."}}
-    req = [idf, "period"]
-    resp = {"type": "object", "properties": {
-        idf: {"type": "string"},
-        "period": {"type": "string", "enum": ["day", "week", "month", "year"]},
-        "count": {"type": "integer", "minimum": 0, "maximum": 900},
-        "average": {"type": "number", "minimum": 0, "maximum": 100}}}
-    name = f"{brand}_get_{noun}_stats"
-    consumes[idf] = tag
-  else:
-    raise ValueError(op)
-  return Tool(name=name, category=category, provider=provider, description=desc,
-              parameters={"type": "object", "properties": props, "required": req},
-              response=resp, effect=effect, source="procedural",
-              meta={"kind": op, "entity": noun, "id_field": idf,
-                    "id_prefix": noun[:3], "produces": produces,
-                    "consumes": consumes, "update_field": upd,
-                    "filter_field": res["filter"]})
+    return (f"{brand}_{op}_{_plural(noun).replace(' ', '_')}", props, req, resp,
+            "read")
+  return build
+
+
+def _get(brand, res):
+  noun, idf = res["noun"], res["noun"] + "_id"
+  record = {"type": "object", "properties": {
+      idf: {"type": "string"}, "name": {"type": "string", "x-gen": "title"},
+      **{f: _field_schema(t, f) for f, t in res["fields"]}}}
+  return f"{brand}_get_{noun}", {idf: _id_param(res)}, [idf], record, "read"
+
+
+def _create(brand, res):
+  noun, idf, upd = res["noun"], res["noun"] + "_id", res["update"]
+  props = {"name": {"type": "string", "description": f"Name of the new {_words(noun)}."},
+           upd: {**_field_schema(dict(res["fields"])[upd], upd),
+                 "description": f"The {_words(upd)} of the new {_words(noun)}."}}
+  resp = {"type": "object", "properties": {
+      idf: {"type": "string"}, "status": {"type": "string", "enum": ["created"]}}}
+  return f"{brand}_create_{noun}", props, ["name", upd], resp, "write"
+
+
+def _update(brand, res):
+  noun, idf, upd = res["noun"], res["noun"] + "_id", res["update"]
+  props = {idf: _id_param(res),
+           upd: {**_field_schema(dict(res["fields"])[upd], upd),
+                 "description": f"New {_words(upd)}."}}
+  resp = {"type": "object", "properties": {
+      idf: {"type": "string"}, upd: _field_schema(dict(res["fields"])[upd], upd),
+      "status": {"type": "string", "enum": ["updated"]}}}
+  return f"{brand}_update_{noun}_{upd}", props, [idf, upd], resp, "write"
+
+
+def _delete(brand, res):
+  noun, idf = res["noun"], res["noun"] + "_id"
+  props = {idf: _id_param(res),
+           "reason": {"type": "string", "description": "Optional note kept in the log."}}
+  resp = {"type": "object", "properties": {
+      idf: {"type": "string"}, "status": {"type": "string", "enum": ["deleted"]}}}
+  return f"{brand}_delete_{noun}", props, [idf], resp, "write"
+
+
+def _stats(brand, res):
+  noun, idf = res["noun"], res["noun"] + "_id"
+  periods = ["day", "week", "month", "year"]
+  props = {idf: _id_param(res),
+           "period": {"type": "string", "enum": periods,
+                      "description": "Aggregation period."}}
+  resp = {"type": "object", "properties": {
+      idf: {"type": "string"},
+      "period": {"type": "string", "enum": list(periods)},
+      "count": {"type": "integer", "minimum": 0, "maximum": 900},
+      "average": {"type": "number", "minimum": 0, "maximum": 100}}}
+  return f"{brand}_get_{noun}_stats", props, [idf, "period"], resp, "read"
+
+
+_ENTITY_OPS = {"search": _search_or_list("search"), "list": _search_or_list("list"),
+               "get": _get, "create": _create, "update": _update,
+               "delete": _delete, "stats": _stats}
 
 
 def brand_names(rng: random.Random) -> list[str]:

@@ -1,15 +1,17 @@
-"""The sampler's pure device functions: append a chunk, sample a token, decode.
+"""The sampler's jitted programs: append a chunk, decode, grow the cache.
 
 `paraagent_jax.sampling.Sampler` compiles `APPEND_JIT` (prefill and
 continuation: a right-padded chunk appended to each row of the KV cache) and
 `DECODE_JIT` (the on-device decode loop) ahead of time and drives them from
 the host; the dry run lowers them with abstract arguments. Both donate the
-cache and the next-token logits, and neither copies it: the model's cache
-attention (`paraagent_jax.models.attention.cache_attention`) reads each layer
-in place, block by block, up to the longest live row, so a step costs time
-proportional to the filled part of the cache, not its capacity.
-`RESIZE_JIT` copies a cache into a larger one, for a sampler whose cache grows
-(`Sampler(cache_steps=...)`; a CPU decode step reads every slot of its cache).
+cache and the next-token logits, and neither copies it: the cache attention
+(`kv_cache.cache_attention`) reads each layer in place, block by block, up to
+the longest live row, so a step costs time proportional to the filled part
+of the cache, not its capacity. `RESIZE_JIT` copies a cache into a larger
+one, for a sampler whose cache grows (`Sampler(cache_steps=...)`; a CPU
+decode step reads every slot of its cache). The token choice inside the
+decode loop is here too: `sample_token`, `argmax`, `token_logprob`,
+`inverse_cdf_choice`.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from paraagent_jax.models import qwen3
+from paraagent_jax.sampling import cached_forward
+from paraagent_jax.sampling import kv_cache
 
 def append_fn(graphdef, params, cache, next_logits, input_ids, num_new):
   """Appends a right-padded chunk; keeps logits at each row's last real token.
@@ -28,8 +31,8 @@ def append_fn(graphdef, params, cache, next_logits, input_ids, num_new):
   padding tokens.
   """
   model = nnx.merge(graphdef, params)
-  logits, cache = model.forward_chunk(input_ids, cache, num_new,
-                                      logits_at=num_new - 1)
+  logits, cache = cached_forward.forward_chunk(model, input_ids, cache, num_new,
+                                               logits_at=num_new - 1)
   last_logits = logits[:, 0]
   next_logits = jnp.where((num_new > 0)[:, None],
                           last_logits.astype(jnp.float32), next_logits)
@@ -146,8 +149,9 @@ def sample_token(logits, key, temperature, top_p, *, greedy: bool, top_k: int,
 
 
 def decode_weights_fn(graphdef, params):
-  """`model.decode_weights()`: the decode loop's out-major weights, or None."""
-  return nnx.merge(graphdef, params).decode_weights()
+  """`cached_forward.decode_weights`: the decode loop's out-major weights,
+  or None."""
+  return cached_forward.decode_weights(nnx.merge(graphdef, params))
 
 
 def decode_loop_init(budget, n_buf: int, width: int, pad_id: int):
@@ -175,7 +179,7 @@ def decode_fn(graphdef, params, cache, next_logits, key, loop, budget,
   `loop` is `decode_loop_init`'s state (or one this function returned); the
   loop runs until every row stopped or ran out of budget, step `n_buf` (the
   width of its token buffers), or an active row's next token does not fit
-  in the cache: the caller then grows the cache (`model.resize_cache`) and
+  in the cache: the caller then grows the cache (`kv_cache.resize_cache`) and
   calls again with the returned state. The tokens and log-probs are those of
   one uninterrupted loop (each step's key is `fold_in(key, step)`).
   `budget[b]` is row b's token budget (0 = row excluded). `stop_seqs` [S, W]
@@ -191,7 +195,7 @@ def decode_fn(graphdef, params, cache, next_logits, key, loop, budget,
   """
   model = nnx.merge(graphdef, params)
   n_buf = loop[4].shape[1]
-  capacity = qwen3.cache_capacity(cache)
+  capacity = kv_cache.cache_capacity(cache)
 
   def sample(logits, i, axis=-1):
     """(token, its log-prob, its log-prob under the sampling dist) of step i.
@@ -210,8 +214,8 @@ def decode_fn(graphdef, params, cache, next_logits, key, loop, budget,
     return tok, token_logprob(logits, tok), plp
 
   # With decode weights (the CPU), a step's LM head writes its product [V, B]
-  # (`Qwen3.decode_weights`): the loop carries the logits as [V, B], so that
-  # the transpose back in `forward_chunk` cancels, and greedy decoding
+  # (`cached_forward.decode_weights`): the loop carries the logits as [V, B],
+  # so that the transpose back in `forward_chunk` cancels, and greedy decoding
   # reduces over V in place. Read as [B, V], the select below and the argmax
   # read the product with a stride (+0.01 s a batch-32 bench call, profiled).
   vocab_major = decode_weights is not None
@@ -236,9 +240,9 @@ def decode_fn(graphdef, params, cache, next_logits, key, loop, budget,
     match = (recent[:, None, :] == stop_seqs[None]) | ~stop_mask[None]
     hit = jnp.any(jnp.all(match, axis=-1), axis=-1) & active
     # Feed the token (the stop token too) so the cache holds the whole turn.
-    new_logits, cache = model.forward_chunk(tok[:, None], cache,
-                                            active.astype(jnp.int32),
-                                            decode_weights=decode_weights)
+    new_logits, cache = cached_forward.forward_chunk(
+        model, tok[:, None], cache, active.astype(jnp.int32),
+        decode_weights=decode_weights)
     logits = jnp.where(jnp.expand_dims(active, axis),
                        swap(new_logits[:, 0].astype(jnp.float32)), logits)
     active = active & ~hit & (gen_len < budget)
@@ -257,8 +261,8 @@ def decode_fn(graphdef, params, cache, next_logits, key, loop, budget,
 
 
 def resize_cache_fn(graphdef, params, cache, *, capacity: int):
-  """`model.resize_cache(cache, capacity)` (a larger copy of the cache)."""
-  return nnx.merge(graphdef, params).resize_cache(cache, capacity)
+  """`kv_cache.resize_cache` (a larger copy of the cache)."""
+  return kv_cache.resize_cache(nnx.merge(graphdef, params), cache, capacity)
 
 
 APPEND_JIT = jax.jit(append_fn, donate_argnums=(2, 3))

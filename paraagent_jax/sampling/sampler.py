@@ -1,13 +1,14 @@
 """Batched KV-cache sampler: jitted prefill, on-device decode loop, continuation.
 
 The sampler is the hot path of RL: every RL step samples many multi-turn rollouts.
-It is written against the model contract of `paraagent_jax.models.qwen3`:
-`model.init_cache(batch, max_len)` and `model.forward_chunk(ids, cache, num_new)`,
-where `forward_chunk` appends `num_new[b]` real tokens of a right-padded chunk to
-row `b` of the cache and returns logits for every chunk position, and
-`model.decode_weights()` (None, or out-major copies of weights that the sampler
-builds once per set of weights and the decode loop passes back to
-`forward_chunk(..., decode_weights=...)`).
+It drives a `paraagent_jax.models.qwen3.Qwen3` through the programs of
+`sampling.programs`, which run `cached_forward.forward_chunk(model, ids, cache,
+num_new)` on a cache from `kv_cache.init_cache(model, batch, max_len)`:
+`forward_chunk` appends `num_new[b]` real tokens of a right-padded chunk to row
+`b` of the cache and returns logits for every chunk position. On the CPU,
+`cached_forward.decode_weights(model)` (out-major copies of weights) is built
+once per set of weights and the decode loop passes it back to
+`forward_chunk(..., decode_weights=...)`.
 
 Design:
 * `graphdef, params = nnx.split(model)`; the jitted functions are pure functions of
@@ -28,7 +29,7 @@ Design:
 * On the CPU the cache grows in steps (`Sampler(cache_steps=...)`): a state's
   cache holds 1/4, 2/4, 3/4 or all of `max_len` slots, the fewest its rows
   need. When an active row's next token does not fit, the decode loop returns,
-  the host copies the cache into the next size (`model.resize_cache`, a
+  the host copies the cache into the next size (`kv_cache.resize_cache`, a
   program of its own) and the loop goes on. A CPU decode step reads every slot
   of its cache (XLA:CPU copies any slice of it), so short rows do not pay for
   the whole capacity; no decode program holds a copy of the cache.
@@ -52,8 +53,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from paraagent_jax import sampling_kernels as kernels
-from paraagent_jax.models import qwen3
+from paraagent_jax.sampling import kv_cache
+from paraagent_jax.sampling import programs
 
 # Compiled executables shared by all samplers of a process: (name, graphdef,
 # static args, abstract arguments) -> jax.stages.Compiled.
@@ -147,7 +148,7 @@ class Sampler:
     """Creates a sampler.
 
     Args:
-      model: a model following the `qwen3.Qwen3` contract.
+      model: a `qwen3.Qwen3`.
       batch_size: rows of the cache (episodes of a rollout batch).
       max_len: cache capacity in tokens per row (history + generated).
       min_chunk: smallest append chunk length (chunks are powers of two).
@@ -168,7 +169,7 @@ class Sampler:
         its own append and decode programs, so a rollout compiles more of
         them. 1 turns it off (the cache is allocated at `max_len`).
         None (the default): 4 on the CPU for a `max_len` of at least 128
-        and an unsharded model that has `resize_cache`, else 1. On
+        and an unsharded model, else 1. On
         accelerators the cache attention already skips dead blocks in place.
     """
     self.graphdef, self.params = nnx.split(model)
@@ -183,7 +184,6 @@ class Sampler:
     if cache_steps is None:
       auto = (jax.default_backend() == "cpu"
               and self.max_len >= _AUTO_CACHE_STEPS_MIN_LEN
-              and hasattr(model, "resize_cache")
               and getattr(model, "sharding_ctx", None) is None)
       cache_steps = _AUTO_CACHE_STEPS if auto else 1
     if int(cache_steps) < 1:
@@ -193,9 +193,9 @@ class Sampler:
     self.cache_capacities = tuple(sorted({self.max_len * j // n
                                           for j in range(1, n + 1)} - {0})
                                   ) or (self.max_len,)
-    # (params, model.decode_weights() of them): on the CPU, out-major copies
-    # of the weights a decode step multiplies (`Qwen3.decode_weights`), built
-    # once per set of weights, not in every decode call.
+    # (params, cached_forward.decode_weights of them): on the CPU, out-major
+    # copies of the weights a decode step multiplies, built once per set of
+    # weights, not in every decode call.
     self._decode_w = None
 
   def update_params(self, model_or_params) -> None:
@@ -209,7 +209,7 @@ class Sampler:
     """The decode loop's out-major weights for the current params (or None)."""
     if self._decode_w is None or self._decode_w[0] is not self.params:
       self._decode_w = (self.params, self._call(
-          "decode_weights", kernels.DECODE_WEIGHTS_JIT, stats,
+          "decode_weights", programs.DECODE_WEIGHTS_JIT, stats,
           (self.graphdef, self.params)))
     return self._decode_w[1]
 
@@ -239,19 +239,19 @@ class Sampler:
         key=jax.random.key(seed), stats=SamplerStats(), max_len=self.max_len)
 
   def _empty_cache(self, capacity: int):
-    return self._model.init_cache(self.batch_size, capacity,
-                                  dtype=self.cache_dtype)
+    return kv_cache.init_cache(self._model, self.batch_size, capacity,
+                               dtype=self.cache_dtype)
 
   def _fit(self, state: SamplerState, need: int) -> SamplerState:
     """`state` with a cache of at least `need` (<= `max_len`) slots per row."""
-    have = qwen3.cache_capacity(state.cache)
+    have = kv_cache.cache_capacity(state.cache)
     if need <= have:
       return state
     capacity = next(c for c in self.cache_capacities if c >= need)
     if not state.lengths.any():
       cache = self._empty_cache(capacity)
     else:
-      cache = self._call("resize", kernels.RESIZE_JIT, state.stats,
+      cache = self._call("resize", programs.RESIZE_JIT, state.stats,
                          (self.graphdef, self.params, state.cache),
                          dict(capacity=capacity))
     return dataclasses.replace(state, cache=cache)
@@ -301,7 +301,7 @@ class Sampler:
       piece[:, :part.shape[1]] = part
       num_new = np.clip(counts - offset, 0, chunk).astype(np.int32)
       cache, logits = self._call(
-          "append", kernels.APPEND_JIT, state.stats,
+          "append", programs.APPEND_JIT, state.stats,
           (self.graphdef, self.params, cache, logits, piece, num_new))
       state.stats.prefill_calls += 1
       state.stats.prefill_padded_tokens += self.batch_size * chunk
@@ -335,7 +335,7 @@ class Sampler:
       pad_token_id: written to `tokens` after each row's length.
       draw: how a sampled token is drawn: "gumbel" (`jax.random.categorical`)
         or "inverse_cdf" (one uniform per row; the same distribution, another
-        random stream; `sampling_kernels.inverse_cdf_choice`).
+        random stream; `programs.inverse_cdf_choice`).
 
     Returns:
       A `GenerateOutput`; `.state` continues the batch.
@@ -360,12 +360,12 @@ class Sampler:
       stop_msk[i, width - len(s):] = True
     greedy = float(temperature) <= 0.0
     key, sub = jax.random.split(state.key)
-    if draw not in kernels.DRAWS:
-      raise ValueError(f"draw={draw!r}; expected one of {kernels.DRAWS}")
+    if draw not in programs.DRAWS:
+      raise ValueError(f"draw={draw!r}; expected one of {programs.DRAWS}")
     static = dict(greedy=greedy, top_k=0 if greedy else int(top_k),
                   use_top_p=(not greedy) and float(top_p) < 1.0,
                   pad_id=int(pad_token_id), draw="gumbel" if greedy else draw)
-    loop = kernels.decode_loop_init(budget, n_buf, width, int(pad_token_id))
+    loop = programs.decode_loop_init(budget, n_buf, width, int(pad_token_id))
     decode_w = self._decode_weights(state.stats)
     stats = state.stats
     # Runs the loop; when an active row's next token does not fit in the
@@ -377,14 +377,14 @@ class Sampler:
       args = (self.graphdef, self.params, cache, logits, sub, loop, budget,
               stop_arr, stop_msk, np.float32(max(float(temperature), 1e-6)),
               np.float32(top_p), decode_w)
-      cache, logits, loop = self._call("decode", kernels.DECODE_JIT, stats,
+      cache, logits, loop = self._call("decode", programs.DECODE_JIT, stats,
                                        args, static)
       # As numpy (small arrays), like the first call's: the same program.
       loop = tuple(np.asarray(x) for x in loop)
       steps, active = int(loop[0]), loop[1]
       if steps >= n_buf or not active.any():
         break
-      have = qwen3.cache_capacity(cache)
+      have = kv_cache.cache_capacity(cache)
       if have >= self.max_len:   # unreachable: budgets fit in max_len
         raise RuntimeError(f"decode stopped at step {steps} with rows active "
                            f"in a full cache of {have} slots")
@@ -425,7 +425,7 @@ def generate(model, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int = 1
   """Prefills `prompt_ids` (ragged, one list per row) and generates.
 
   Args:
-    model: a model following the `qwen3.Qwen3` contract.
+    model: a `qwen3.Qwen3`.
     prompt_ids: prompts of any lengths, one list of token ids per row.
     max_new_tokens: token budget per row.
     temperature, top_k, top_p: sampling settings (temperature 0 = greedy).
@@ -487,4 +487,4 @@ def _state_capacity(state: SamplerState) -> int:
   """Cache capacity (slots per row) of a state's cache."""
   if state.max_len is not None:
     return int(state.max_len)
-  return qwen3.cache_capacity(state.cache)
+  return kv_cache.cache_capacity(state.cache)
