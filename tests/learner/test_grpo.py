@@ -262,6 +262,7 @@ def test_entropy_metric_and_bonus():
                              rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_beta_zero_never_touches_the_reference():
   model, batch, _ = fixed_logits_case(4, with_ref=False)
   loss, metrics = grpo.grpo_loss(model, batch, grpo.GRPOConfig(beta=0.0))
@@ -459,6 +460,7 @@ def test_eval_steps_match_the_losses():
                              -(logp * mask).sum() / mask.sum(), rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_train_step_with_reference_model_state():
   """beta > 0 without batch ref_logprobs: the frozen ref_state is used."""
   mesh = mesh_of((2, 2, 2))

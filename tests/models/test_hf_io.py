@@ -132,6 +132,7 @@ def _pure(model):
   return nnx.to_pure_dict(nnx.state(model, nnx.Param))
 
 
+@pytest.mark.slow
 def test_sharded_safetensors_load_and_scan_layers(tmp_path):
   hf, d = make_hf(tmp_path, "m", tied=True, kv=2)
   ours = hf_io.load_hf(d)

@@ -107,6 +107,7 @@ def test_same_seed_same_digests_other_seed_differs(cat, gen):
   assert c[0] != a[0] and c[1] != a[1]
 
 
+@pytest.mark.slow
 def test_oracle_paraact_succeeds_on_every_task(cat, oracle_tasks):
   for split, tasks in oracle_tasks.items():
     assert collections.Counter(t.kind for t in tasks) == {k: 200 for k in KINDS}
