@@ -74,8 +74,9 @@ class Evaluation:
 class HeldOut:
   """The held-out tasks of a `HeldOutSpec` and greedy evaluations on them."""
 
-  def __init__(self, spec: HeldOutSpec, catalog=None):
-    """``catalog``: the spec's catalog, already loaded (else loaded here).
+  def __init__(self, spec: HeldOutSpec, catalog=None, tasks=None):
+    """``catalog``: the spec's catalog, already loaded (else loaded here);
+    ``tasks``: its tasks, already drawn (else drawn here).
 
     Raises:
       ValueError: unknown kinds (the message names the choices).
@@ -83,15 +84,14 @@ class HeldOut:
     self.spec = spec
     self.catalog = catalog if catalog is not None else toolenv.load_catalog(
         spec.catalog, seed=spec.catalog_seed)
-    gen = toolenv.TaskGenerator(self.catalog, seed=spec.task_seed)
-    self.tasks = gen.generate(spec.num_tasks, split="test", kinds=tuple(spec.kinds))
+    if tasks is None:
+      gen = toolenv.TaskGenerator(self.catalog, seed=spec.task_seed)
+      tasks = gen.generate(spec.num_tasks, split="test", kinds=tuple(spec.kinds))
+    self.tasks = list(tasks)
 
   def with_strategy(self, strategy: str) -> "HeldOut":
     """The same tasks under another strategy (nothing rebuilt)."""
-    other = object.__new__(HeldOut)
-    other.spec = dataclasses.replace(self.spec, strategy=strategy)
-    other.catalog, other.tasks = self.catalog, self.tasks
-    return other
+    return HeldOut(dataclasses.replace(self.spec, strategy=strategy), self.catalog, self.tasks)
 
   def run(self, policy, fmt, *, batch_size: int = 0, workdir: str | None = None,
           policy_name: str = "policy", benchmark: str = "toolenv",
