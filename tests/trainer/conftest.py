@@ -11,8 +11,8 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 
 @pytest.fixture
 def config_readers():
-  """``{"paraagent_jax/trainer/specs.py:rl_spec": n, ...}``: the project's
-  functions that read a ConfigDict while the test runs
+  """``{"paraagent_jax/trainer/specs.py:rl_spec": n, ...}``: the functions of
+  the repository (tests included) that read a ConfigDict while the test runs
   (`config_reads.config_reads`), with their read counts."""
-  with config_reads.config_reads(os.path.join(_ROOT, "paraagent_jax")) as readers:
-    yield {f"paraagent_jax/{k}": v for k, v in readers.items()}
+  with config_reads.config_reads(_ROOT) as readers:
+    yield readers   # filled as the test runs (paths from the repository root)
