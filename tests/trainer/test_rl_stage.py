@@ -56,10 +56,14 @@ def rl_config(tok_dir, **rl):
 
 
 @pytest.mark.slow
-def test_rl_runs_logs_levels_and_checkpoints(tok_dir, tmp_path):
+def test_rl_runs_logs_levels_and_checkpoints(tok_dir, tmp_path, config_readers):
   d = str(tmp_path)
   cfg = rl_config(tok_dir, task_sampling="pass_rate", length_buckets="256,512")
   out = rl_lib.run_rl(cfg, d)
+  # The whole run (evaluations, the GRPO iteration, checkpoint, report) read
+  # its config only at the door: below `specs.rl_spec` nothing reads it.
+  assert config_readers["paraagent_jax/trainer/specs.py:rl_spec"] > 0   # reads are seen
+  assert not outside_doors(config_readers), sorted(outside_doors(config_readers))
   assert "success" in out and 0.0 <= out["success"] <= 1.0
   recs = metrics_lib.read_jsonl(os.path.join(d, "metrics.jsonl"))
   train = [r for r in recs if "train/rollout/success" in r]
@@ -323,12 +327,3 @@ def outside_doors(readers) -> set[str]:
   """The package functions among ``readers`` that are not doors (tests may read)."""
   return {r for r in readers if r.startswith(("paraagent_jax/", "toolenv/"))
           and not any(r == d or (d.endswith(":") and r.startswith(d)) for d in DOORS)}
-
-
-@pytest.mark.slow
-def test_only_the_stage_door_reads_the_config(tok_dir, tmp_path, config_readers):
-  """A whole RL run (evaluation before and after, one GRPO iteration,
-  checkpoint, report): below `specs.rl_spec` nothing reads the config."""
-  rl_lib.run_rl(rl_config(tok_dir, eval_every=1), str(tmp_path))
-  assert config_readers["paraagent_jax/trainer/specs.py:rl_spec"] > 0   # reads are seen
-  assert not outside_doors(config_readers), sorted(outside_doors(config_readers))
