@@ -55,6 +55,8 @@ def main(argv) -> None:
     cli.fail(PROG, f"unexpected arguments {argv[1:]}")
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)
+  cli.check_local(PROG, workdir=cli.WORKDIR.value, checkpoint=_CHECKPOINT.value,
+                  compare=_COMPARE.value)
   try:
     if _COMPARE.value:
       paths = [p if p.endswith(".json") else os.path.join(p, "report.json")
