@@ -168,21 +168,21 @@ def _run(config, workdir: str, checkpoint: str, transcripts: int, step: int | No
                 rollout_config=rcfg, batch_size=config.batch_size, seed=config.seed)
   for bench in benchmarks:
     if bench == "toolenv":
+      kinds = tuple(config_utils.parse_list(config.kinds))
       for cat_name in config_utils.parse_list(config.catalog):
         spec = heldout.HeldOutSpec(
             catalog=cat_name, catalog_seed=config.catalog_seed, task_seed=config.task_seed,
-            kinds=tuple(config_utils.parse_list(config.kinds)),
-            num_tasks=config.num_per_kind * len(config_utils.parse_list(config.kinds)),
-            limits=rcfg, seed=config.seed)
+            kinds=kinds, num_tasks=config.num_per_kind * len(kinds), limits=rcfg,
+            seed=config.seed)
         try:
-          tasks = heldout.HeldOut(spec)
+          held = heldout.HeldOut(spec)
         except ValueError as e:
           raise config_utils.ConfigError(f"toolenv-{cat_name}: {e}") from e
         for strategy in strategies:
-          records += tasks.with_strategy(strategy).run(
+          records += held.with_strategy(strategy).run(
               make_policy(strategy), fmt_for(strategy), batch_size=config.batch_size,
               workdir=workdir, policy_name=name, benchmark=f"toolenv-{cat_name}",
-              fields={"catalog": tasks.catalog.name}, log=print).records
+              fields={"catalog": held.catalog.name}, log=print).records
     elif bench == "bfcl":
       try:
         entries = bench_lib.bfcl_entries(

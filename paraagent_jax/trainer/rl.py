@@ -147,11 +147,11 @@ def behaviour_metrics(episodes: Sequence[dict]) -> dict[str, float]:
   return out
 
 
-def rollout_metrics(res: rollout.RolloutResult, group_tasks, group_size: int) -> dict:
-  """An iteration's rollout metrics: success, each level's mean reward, turns,
-  lengths, per-kind success, reward spread and parse failures."""
+def rollout_metrics(res: rollout.RolloutResult) -> dict:
+  """An iteration's rollout metrics: success, each level's mean reward, turns
+  and episode lengths."""
   arr = res.arrays
-  m = {
+  return {
       "rollout/success": float(np.mean([e["success"] for e in res.episodes])),
       "rollout/traj_reward": float(np.mean(arr["traj_reward"])),
       "rollout/phase_reward": float(np.sum(arr["phase_reward"] * arr["phase_mask"])
@@ -161,7 +161,6 @@ def rollout_metrics(res: rollout.RolloutResult, group_tasks, group_size: int) ->
       "rollout/turns": float(np.mean([e["turns"] for e in res.episodes])),
       "rollout/episode_tokens": float(np.mean(arr["seq_len"])),
       "rollout/episode_tokens_max": float(np.max(arr["seq_len"]))}
-  return m
 
 
 def no_update_note(m: dict) -> str:
@@ -337,7 +336,7 @@ class RLRun:
       metrics_lib.check_finite(
           t.step - len(outs) + 1 + k, m, t.checkpointer.last_complete,
           context=f"rl iteration {it}, pass {k + 1}/{spec.passes}")
-    m.update(rollout_metrics(res, group_tasks, g))
+    m.update(rollout_metrics(res))
     m.update({"time/rollout_s": t_roll, "time/iteration_s": time.perf_counter() - t0})
     m.update(rl_tasks.kind_rollout_metrics(group_tasks, res.episodes))
     m["rollout/traj_spread_groups"] = traj_spread_fraction(res.arrays["traj_reward"], g)
