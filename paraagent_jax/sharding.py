@@ -39,8 +39,9 @@ DEFAULT_RULES: dict[str, str] = config_utils.SHARDING_RULES
 Rules = tuple[tuple[str, Any], ...]
 
 
-class ShardingError(ValueError):
-  """A rules table that does not fit the model on the mesh (one line)."""
+class ShardingError(config_utils.ConfigError):
+  """A mesh or rules table that does not fit the devices or the model (one
+  line; a `ConfigError`, so the entry points print it as one)."""
 
 
 def make_mesh(shape: Mapping[str, int], devices: Sequence[Any] | None = None
@@ -53,23 +54,23 @@ def make_mesh(shape: Mapping[str, int], devices: Sequence[Any] | None = None
     devices: devices to use (default: all of `jax.devices()`).
 
   Raises:
-    ValueError: unknown axis names, more than one -1, or sizes that do not
+    ShardingError: unknown axis names, more than one -1, or sizes that do not
       multiply to the device count.
   """
   devices = list(jax.devices() if devices is None else devices)
   unknown = set(shape) - set(MESH_AXES)
   if unknown:
-    raise ValueError(f"unknown mesh axes {sorted(unknown)}; expected {MESH_AXES}")
+    raise ShardingError(f"mesh: unknown mesh axes {sorted(unknown)}; expected {MESH_AXES}")
   sizes = [int(shape.get(a, 1)) for a in MESH_AXES]
   if sizes.count(-1) > 1:
-    raise ValueError(f"at most one mesh axis may be -1, got {dict(shape)}")
+    raise ShardingError(f"mesh: at most one mesh axis may be -1, got {dict(shape)}")
   if -1 in sizes:
     known = math.prod(s for s in sizes if s != -1)
     if known <= 0 or len(devices) % known:
-      raise ValueError(f"cannot fill -1 in {dict(shape)} from {len(devices)} devices")
+      raise ShardingError(f"mesh: cannot fill -1 in {dict(shape)} from {len(devices)} devices")
     sizes[sizes.index(-1)] = len(devices) // known
   if math.prod(sizes) != len(devices) or min(sizes) < 1:
-    raise ValueError(f"mesh {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)}"
+    raise ShardingError(f"mesh: {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)}"
                      f" devices, have {len(devices)}")
   return jax.make_mesh(tuple(sizes), MESH_AXES,
                        axis_types=(AxisType.Auto,) * len(MESH_AXES),
@@ -177,7 +178,8 @@ def param_shardings(state, mesh, rules=None, strict: bool = False):
       spec = logical_to_spec(_names(v), v.shape, mesh, rules, strict=True)
     except ShardingError as e:
       name = jax.tree_util.keystr(path)
-      raise ShardingError(f"parameter {name} {tuple(v.shape)}: {e}; change the mesh "
+      raise ShardingError(f"sharding: mesh {dict(mesh.shape)}: parameter {name} "
+                          f"{tuple(v.shape)}: {e}; change the mesh "
                           f"or set its rule in config.sharding.rules (\"\" = "
                           f"replicated)") from None
     return v.replace(NamedSharding(mesh, spec))
@@ -224,11 +226,11 @@ def check_sharded(state, mesh, min_size: int = 2 ** 14, raise_error: bool = True
     raise_error: raise instead of returning a non-empty list.
 
   Raises:
-    ValueError: (if raise_error) some large parameter is replicated.
+    ShardingError: (if raise_error) some large parameter is replicated.
   """
   if isinstance(state, nnx.Module):
     state = nnx.state(state)
-  if mesh.size == 1:
+  if model_parallel_size(mesh) == 1:
     return []
   bad = []
   for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
@@ -238,6 +240,8 @@ def check_sharded(state, mesh, min_size: int = 2 ** 14, raise_error: bool = True
     if sh is None or sh.is_fully_replicated:
       bad.append(jax.tree_util.keystr(path))
   if bad and raise_error:
-    raise ShardingError(f"{len(bad)} large parameters are replicated on mesh "
-                        f"{dict(mesh.shape)}: {', '.join(bad[:5])}")
+    raise ShardingError(f"sharding: {len(bad)} large parameters are replicated on "
+                        f"mesh {dict(mesh.shape)}: {', '.join(bad[:5])}; give "
+                        f"them a rule in config.sharding.rules or raise "
+                        f"sharding.min_sharded_size")
   return bad

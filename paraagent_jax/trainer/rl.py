@@ -56,6 +56,7 @@ from paraagent_jax import config_utils
 from paraagent_jax import fileio
 from paraagent_jax import interrupts
 from paraagent_jax import metrics as metrics_lib
+from paraagent_jax import sharding as shd
 from paraagent_jax import tokenizer as tok_lib
 from paraagent_jax.evaluation import heldout
 from paraagent_jax.evaluation import paired as paired_lib
@@ -207,7 +208,7 @@ class RLRun:
     except ValueError as e:
       raise config_utils.ConfigError(f"rl: {e}") from None
     self.train_gen = rl_tasks.train_generator(spec.tasks, self.heldout.catalog)
-    self.mesh = state_lib.make_mesh(spec.run.mesh)
+    self.mesh = shd.make_mesh(dict(spec.run.mesh))
     optimizer = optim.make_optimizer(spec.optimizer)
     self.t = state_lib.build_train_state(spec.run, self.mesh, optimizer,
                                          spec.model.qwen3_config(len(tok)), workdir)

@@ -39,6 +39,7 @@ from paraagent_jax import config_utils
 from paraagent_jax import fileio
 from paraagent_jax import interrupts
 from paraagent_jax import metrics as metrics_lib
+from paraagent_jax import sharding as shd
 from paraagent_jax import tokenizer as tok_lib
 from paraagent_jax.coldstart import build as coldstart_build
 from paraagent_jax.evaluation import heldout
@@ -105,7 +106,7 @@ def run_sft(config, workdir: str) -> dict[str, float]:
   demonstrations are built or anything is compiled.
   """
   spec = specs.sft_spec(config)
-  mesh = state_lib.make_mesh(spec.run.mesh)
+  mesh = shd.make_mesh(dict(spec.run.mesh))
   state_lib.check_batch_divides(spec.batch_size, spec.num_micro_batches, mesh)
   if ensure_demonstrations(config, workdir):
     spec = specs.sft_spec(config)   # data.data_dir now points at them

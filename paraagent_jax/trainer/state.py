@@ -1,7 +1,7 @@
 """The train state a stage runs on: mesh, model, optimizer state, resume.
 
 The building blocks both stages share, in the order big_vision's train.py
-uses them: `make_mesh` -> `abstract_train_state` (``jax.eval_shape``, nothing
+uses them: `sharding.make_mesh` -> `abstract_train_state` (``jax.eval_shape``, nothing
 allocated) -> shardings from the parameters' logical axes and the config's
 rules -> `build_train_state` (resume from the workdir's newest complete
 checkpoint, else ``init_from``, else a jitted init directly in the
@@ -68,14 +68,6 @@ class RunSpec:
   nan_at_step: int = 0
 
 
-def make_mesh(shape) -> jax.sharding.Mesh:
-  """The device mesh of axis sizes ``shape`` (-1 = the rest)."""
-  try:
-    return shd.make_mesh(dict(shape))
-  except ValueError as e:
-    raise config_utils.ConfigError(f"mesh: {e}") from None
-
-
 @dataclasses.dataclass
 class TrainState:
   """Everything a stage needs to run its loop and checkpoint it."""
@@ -95,36 +87,15 @@ def abstract_model(model_cfg: qwen3.Qwen3Config, mesh, rules):
   """(graphdef, abstract state, state shardings), nothing allocated.
 
   Raises:
-    ConfigError: a rule maps a parameter axis to a mesh axis that does not
-      divide it (one line naming the parameter).
+    ShardingError: (a `ConfigError`) a rule maps a parameter axis to a mesh
+      axis that does not divide it (one line naming the parameter).
   """
   model = nnx.eval_shape(lambda: qwen3.Qwen3(model_cfg, rngs=nnx.Rngs(0)))
   # The graphdef carries the mesh for the activation constraints.
   shd.set_sharding_ctx(model, mesh, rules)
   graphdef, abstract = nnx.split(model)
-  try:
-    shardings = shd.param_shardings(abstract, mesh, rules, strict=True)
-  except shd.ShardingError as e:
-    raise config_utils.ConfigError(f"sharding: mesh {dict(mesh.shape)}: {e}") from None
-  return graphdef, abstract, shardings
-
-
-def check_sharded(min_size: int, state, mesh) -> None:
-  """Refuses large parameters left replicated on a mesh that could split them.
-
-  Only on meshes with model-parallel axes (``fsdp`` x ``tensor`` > 1): under
-  pure data parallelism every parameter is a replica by design. Parameters
-  below ``min_size`` (``sharding.min_sharded_size``) elements may stay
-  replicated.
-  """
-  if shd.model_parallel_size(mesh) == 1:
-    return
-  try:
-    shd.check_sharded(state, mesh, min_size=min_size)
-  except shd.ShardingError as e:
-    raise config_utils.ConfigError(
-        f"sharding: {e}; give them a rule in config.sharding.rules or raise "
-        f"sharding.min_sharded_size") from None
+  return graphdef, abstract, shd.param_shardings(abstract, mesh, rules,
+                                                 strict=True)
 
 
 def abstract_train_state(mesh, optimizer, model_cfg, rules=None):
@@ -157,14 +128,14 @@ def build_train_state(run: RunSpec, mesh, optimizer, model_cfg,
                                   ckpt_lib.with_shardings(opt_abs, opt_sh))
   if restored is not None:
     logging.info("resumed from %s", restored.path)
-    check_sharded(run.min_sharded_size, restored.model_state, mesh)
+    shd.check_sharded(restored.model_state, mesh, run.min_sharded_size)
     return TrainState(graphdef, restored.model_state, restored.opt_state,
                       restored.step, restored.rng, restored.data_state,
                       checkpointer, model_cfg, "resumed")
 
   rng = jax.random.PRNGKey(run.seed)
   state, kind = _initial_state(run, model_cfg, abstract, shardings)
-  check_sharded(run.min_sharded_size, state, mesh)
+  shd.check_sharded(state, mesh, run.min_sharded_size)
   params, _ = ts.split_params(state)
   opt_state = jax.jit(optimizer.init, out_shardings=opt_sh)(params)
   return TrainState(graphdef, state, opt_state, 0, rng, None, checkpointer,

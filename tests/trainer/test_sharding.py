@@ -227,6 +227,21 @@ def test_trainer_refuses_bad_rules_and_replicated_params():
   replicated = jax.device_put(nnx.state(model), NamedSharding(mesh, P()))
   config.sharding.min_sharded_size = 2 ** 10
   with pytest.raises(config_utils.ConfigError, match="large parameters are replicated"):
-    state_lib.check_sharded(config.sharding.min_sharded_size, replicated, mesh)
+    shd.check_sharded(replicated, mesh, config.sharding.min_sharded_size)
   dp = _mesh((8, 1, 1))
-  state_lib.check_sharded(config.sharding.min_sharded_size, jax.device_put(nnx.state(model), NamedSharding(dp, P())), dp)
+  assert shd.check_sharded(jax.device_put(nnx.state(model), NamedSharding(dp, P())),
+                           dp, config.sharding.min_sharded_size) == []
+
+
+@pytest.mark.parametrize("shape,why", [
+    ({"data": 3, "fsdp": -1}, "cannot fill -1"),
+    ({"data": -1, "fsdp": -1}, "at most one mesh axis"),
+    ({"model": 2}, "unknown mesh axes"),
+    ({"data": 2, "fsdp": 2}, "needs 4 devices, have 8"),
+])
+def test_a_bad_mesh_is_a_one_line_config_error(shape, why):
+  # The entry points print a ConfigError as one line; a mesh that does not
+  # fit the devices is one, raised by sharding itself (no wrapper).
+  with pytest.raises(config_utils.ConfigError, match=f"^mesh: .*{why}") as e:
+    shd.make_mesh(shape)
+  assert "\n" not in str(e.value)
