@@ -32,3 +32,7 @@ def _free_compiled_programs():
   if jax is not None:
     jax.clear_caches()
   gc.collect()
+
+
+# A local GCS emulator for the gs:// tests (tests/gcs_emulator.py).
+from tests.gcs_emulator import gcs_bucket, gcs_server  # noqa: E402,F401  pylint: disable=g-import-not-at-top,wrong-import-position,unused-import
