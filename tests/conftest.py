@@ -34,5 +34,5 @@ def _free_compiled_programs():
   gc.collect()
 
 
-# A local GCS emulator for the gs:// tests (tests/gcs_emulator.py).
-from tests.gcs_emulator import gcs_bucket, gcs_server  # noqa: E402,F401  pylint: disable=g-import-not-at-top,wrong-import-position,unused-import
+# A local GCS emulator for the gs:// tests: the fixtures gcs_server, gcs_bucket.
+pytest_plugins = ["tests.gcs_emulator"]

@@ -31,8 +31,11 @@ from paraagent_jax.models import qwen3
 def maybe_initialize_distributed(mode: str = "auto") -> None:
   """Calls `jax.distributed.initialize` on multi-host runs (or if asked).
 
-  ``mode``: the config's ``distributed``: "auto" (on a multi-host slice), "on"
-  or "off".
+  ``mode``: the config's ``distributed``: "auto" (on a multi-host slice, or
+  when ``JAX_COORDINATOR_ADDRESS`` is set), "on" or "off". JAX reads the
+  coordinator's address from the environment but not ``JAX_NUM_PROCESSES``
+  or ``JAX_PROCESS_ID`` (set by `paraagent_jax.local_pod`), so they are
+  passed here; where unset, JAX detects them (a Cloud TPU slice).
   """
   if mode not in ("auto", "on", "off"):
     raise config_utils.ConfigError(f"distributed={mode!r}; expected auto, on "
@@ -40,7 +43,10 @@ def maybe_initialize_distributed(mode: str = "auto") -> None:
   hosts = os.environ.get("TPU_WORKER_HOSTNAMES", "")
   multi_host = "," in hosts or "JAX_COORDINATOR_ADDRESS" in os.environ
   if mode == "on" or (mode == "auto" and multi_host):
-    jax.distributed.initialize()
+    count, index = (os.environ.get(k) for k in ("JAX_NUM_PROCESSES", "JAX_PROCESS_ID"))
+    jax.distributed.initialize(os.environ.get("JAX_COORDINATOR_ADDRESS"),
+                               num_processes=int(count) if count else None,
+                               process_id=int(index) if index else None)
 
 
 @dataclasses.dataclass(frozen=True)
