@@ -50,6 +50,7 @@ import numpy as np
 
 from paraagent_jax import checkpoint as ckpt_lib
 from paraagent_jax import config_utils
+from paraagent_jax import fileio
 from paraagent_jax import rundir
 from paraagent_jax import sampling
 from paraagent_jax import sharding as shd
@@ -214,7 +215,7 @@ def run_dry(config, *, do_compile: bool | Sequence[str] = True,
     phase peaks under ``peaks``, ``errors`` and the listed ``arrays``.
   """
   config = ml_collections.ConfigDict(config.to_dict())
-  if config.init_from and not (os.path.isdir(config.init_from)
+  if config.init_from and not (fileio.isdir(config.init_from)
                                and rundir.is_hf_dir(config.init_from)):
     out(f"dry run: init_from={config.init_from} is not an HF directory here; "
         f"the architecture comes from the preset {config.model.preset}")

@@ -106,15 +106,15 @@ def build_demonstrations(config, out_dir: str) -> dict:
   orch = orch_lib.Orchestrator(catalog, roles, batch_size=int(data.batch_size),
                                verbose=True, thoughts=str(data.thoughts),
                                obs_format=str(data.obs_format))
-  os.makedirs(out_dir, exist_ok=True)
+  fileio.makedirs(out_dir)
   stats: dict[str, Any] = {"backend": roles.name, "seed": seed}
   for split, n in (("train", num_tasks), ("test", num_test)):
     tasks = gen.generate(n, split=split, kinds=kinds)
     kept, st = orch.run(tasks)
     fileio.write_jsonl_atomic(os.path.join(out_dir, f"tasks_{split}.jsonl"),
-                       (t.to_dict() for t in tasks))
+                              (t.to_dict() for t in tasks))
     fileio.write_jsonl_atomic(os.path.join(out_dir, f"demonstrations_{split}.jsonl"),
-                       (to_contract(r) for r in kept))
+                              (to_contract(r) for r in kept))
     print(f"[coldstart] split {split}: " + orch_lib.format_statistics(st), flush=True)
     stats[split] = st
   stats["build_seconds"] = round(time.time() - t0, 2)

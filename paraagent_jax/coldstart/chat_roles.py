@@ -37,7 +37,7 @@ class ResponseCache:
 
   def __init__(self, directory: str):
     self.directory = directory
-    os.makedirs(directory, exist_ok=True)
+    fileio.makedirs(directory)
 
   @staticmethod
   def key(payload: dict[str, Any]) -> str:
@@ -48,8 +48,7 @@ class ResponseCache:
   def get(self, key: str) -> str | None:
     """The cached answer text, or None."""
     try:
-      with open(os.path.join(self.directory, key + ".json"), encoding="utf-8") as f:
-        return json.load(f)["content"]
+      return fileio.read_json(os.path.join(self.directory, key + ".json"))["content"]
     except (FileNotFoundError, ValueError, KeyError):
       return None
 

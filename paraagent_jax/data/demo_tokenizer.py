@@ -12,11 +12,11 @@ tokenizer directory.
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 from typing import Iterable, Iterator
 
+from paraagent_jax import fileio
 from paraagent_jax import tokenizer as tokenizer_lib
 from paraagent_jax.paraact import protocol
 from toolenv import search
@@ -32,13 +32,13 @@ def demonstration_texts(data_dir: str, split: str = "train") -> Iterator[str]:
   name a token whose embedding no training row ever updates.
   """
   pattern = "*" if split == "all" else split
-  paths = sorted(glob.glob(os.path.join(data_dir, f"demonstrations_{pattern}.jsonl")))
-  tasks = sorted(glob.glob(os.path.join(data_dir, f"tasks_{pattern}.jsonl")))
+  paths = sorted(fileio.glob(os.path.join(data_dir, f"demonstrations_{pattern}.jsonl")))
+  tasks = sorted(fileio.glob(os.path.join(data_dir, f"tasks_{pattern}.jsonl")))
   if not paths and not tasks:
     raise FileNotFoundError(f"no demonstrations_{pattern}.jsonl or "
                             f"tasks_{pattern}.jsonl in {data_dir}")
   for path in paths + tasks:
-    with open(path, encoding="utf-8") as f:
+    with fileio.open(path) as f:
       for line in f:
         if not line.strip():
           continue

@@ -94,6 +94,7 @@ import ml_collections
 import numpy as np
 
 from paraagent_jax import config_utils
+from paraagent_jax import fileio
 from paraagent_jax import tokenizer as tokenizer_lib
 from paraagent_jax.data import copy_stats
 from paraagent_jax.data import demo_tokenizer
@@ -122,7 +123,7 @@ def resolve_tokenizer(data_config, data_dir: str):
   if path:
     return tokenizer_lib.load_tokenizer(path)
   path = os.path.join(data_dir, "tokenizer")
-  if os.path.exists(os.path.join(path, "tokenizer.json")):
+  if fileio.exists(os.path.join(path, "tokenizer.json")):
     return tokenizer_lib.load_tokenizer(path)
   return demo_tokenizer.train_demo_tokenizer(
       data_dir, path, vocab_size=int(data_config.tokenizer_vocab_size))
@@ -428,8 +429,22 @@ _CACHE: dict[tuple, tuple] = {}
 
 
 def _files_key(*paths: str) -> tuple:
-  return tuple((p, os.stat(p).st_size, os.stat(p).st_mtime_ns)
-               if os.path.exists(p) else (p,) for p in paths)
+  """Per file ``(path, size, mtime_ns)``, ``(path,)`` when absent.
+
+  On a bucket ``(path, size)``: the file layer gives no modification time
+  there, so a file rewritten in the bucket at the same size keeps its cache
+  entry. Locally `os.stat` (a local file's own clock).
+  """
+  out = []
+  for p in paths:
+    if not fileio.exists(p):
+      out.append((p,))
+    elif fileio.is_remote(p):
+      out.append((p, fileio.getsize(p)))
+    else:
+      st = os.stat(p)   # local only: see above
+      out.append((p, st.st_size, st.st_mtime_ns))
+  return tuple(out)
 
 
 def _load_encoded(data_config, split: str):

@@ -34,11 +34,12 @@ import hashlib
 import json
 import os
 import sys
-import shutil
 from typing import Any, Iterator
 
 import numpy as np
 import tensorflow_datasets as tfds
+
+from paraagent_jax import fileio
 
 SPLITS = ("train", "test")
 
@@ -65,7 +66,7 @@ def _configs() -> list[JsonlConfig]:
 
 def read_jsonl(path: str) -> Iterator[dict[str, Any]]:
   """Yields the JSON objects of a JSON-lines file (blank lines skipped)."""
-  with open(path, encoding="utf-8") as f:
+  with fileio.open(path) as f:
     for n, line in enumerate(f, 1):
       if not line.strip():
         continue
@@ -117,7 +118,7 @@ class _JsonlBuilder(tfds.core.GeneratorBasedBuilder):
     out = {}
     for split in SPLITS:
       path = self.source_path(split)
-      if not os.path.exists(path):
+      if not fileio.exists(path):
         raise FileNotFoundError(f"{self.name}: missing {path}")
       records = list(read_jsonl(path))
       self.build_stats[split] = self.statistics(records, split)
@@ -189,7 +190,7 @@ class Demonstrations(_JsonlBuilder):
     per_kind = collections.defaultdict(lambda: [0, 0])
     kept = [r for r in records if self._keep(r)]
     tasks = os.path.join(self._source_dir, f"tasks_{split}.jsonl")
-    attempted = list(read_jsonl(tasks)) if os.path.exists(tasks) else records
+    attempted = list(read_jsonl(tasks)) if fileio.exists(tasks) else records
     for r in attempted:
       per_kind[r.get("kind", "")][0] += 1
     for r in kept:
@@ -274,13 +275,11 @@ def build_dataset(name: str, source_dir: str, data_dir: str,
   # the JSONL files changed (e.g. demonstrations regenerated in place).
   fingerprint = source_fingerprint(builder)
   stamp = os.path.join(builder.data_dir, SOURCE_STAMP)
-  if os.path.exists(stamp):
-    with open(stamp, encoding="utf-8") as f:
-      stale = f.read().strip() != fingerprint
-    if stale:
+  if fileio.exists(stamp):
+    if fileio.read_text(stamp).strip() != fingerprint:
       # A fresh builder on an emptied version dir: regenerating in place
       # trips TFDS's "DatasetInfo already initialised" check.
-      shutil.rmtree(builder.data_dir)
+      fileio.rmtree(builder.data_dir)
       builder = cls(source_dir=source_dir, data_dir=data_dir, config=cfg)
   if not _stderr_is_tty():
     # tqdm bars become carriage-return soup in log files.
@@ -288,8 +287,7 @@ def build_dataset(name: str, source_dir: str, data_dir: str,
   builder.download_and_prepare(
       file_format="array_record",
       download_config=tfds.download.DownloadConfig(manual_dir=source_dir))
-  with open(stamp, "w", encoding="utf-8") as f:
-    f.write(fingerprint)
+  fileio.write_text_atomic(stamp, fingerprint)
   return builder
 
 
@@ -305,10 +303,10 @@ def source_fingerprint(builder: _JsonlBuilder) -> str:
   h = hashlib.sha256()
   for split in SPLITS:
     path = builder.source_path(split)
-    if not os.path.exists(path):
+    if not fileio.exists(path):
       raise FileNotFoundError(f"{builder.name}: missing {path}")
     h.update(split.encode())
-    with open(path, "rb") as f:
+    with fileio.open(path, "rb") as f:
       for chunk in iter(lambda: f.read(1 << 20), b""):
         h.update(chunk)
   return h.hexdigest()

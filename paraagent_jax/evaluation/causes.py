@@ -23,6 +23,7 @@ import json
 import sys
 from typing import Any, Mapping, Sequence
 
+from paraagent_jax import fileio
 import toolenv
 from toolenv import diagnosis as diag_lib
 
@@ -225,7 +226,7 @@ def replay_diagnosis(records: Sequence[dict[str, Any]], catalog, tasks,
 
 
 def _read(path: str) -> list[dict[str, Any]]:
-  with open(path, encoding="utf-8") as f:
+  with fileio.open(path) as f:
     return [json.loads(line) for line in f if line.strip()]
 
 

@@ -21,6 +21,8 @@ import math
 import sys
 from typing import Mapping, Sequence
 
+from paraagent_jax import fileio
+
 
 def mcnemar_exact(only_a: int, only_b: int) -> float:
   """Two-sided exact McNemar p-value for the discordant counts."""
@@ -70,7 +72,7 @@ def format_paired(result: Mapping, names: Sequence[str] = ("a", "b")) -> str:
 def read_per_task(path: str) -> dict[str, bool]:
   """task id -> success from a per-task JSON-lines file."""
   out = {}
-  with open(path) as f:
+  with fileio.open(path) as f:
     for line in f:
       if line.strip():
         rec = json.loads(line)

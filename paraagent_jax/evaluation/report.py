@@ -20,7 +20,7 @@ written in explore and execute steps (answer and malformed steps excluded).
 from __future__ import annotations
 
 import collections
-import json
+import io
 import math
 import os
 from typing import Any, Iterable, Sequence
@@ -376,16 +376,23 @@ def terminal_table(report: dict[str, Any]) -> str:
 def write_report(records: Sequence[dict[str, Any]], workdir: str,
                  name: str = "report", plots: bool = True) -> dict[str, str]:
   """Writes ``{name}.json``, ``{name}.md`` and the PNG plots; returns their paths."""
-  os.makedirs(workdir, exist_ok=True)
+  fileio.makedirs(workdir)
   report = build_report(records)
   paths = {"json": os.path.join(workdir, f"{name}.json"),
            "markdown": os.path.join(workdir, f"{name}.md")}
   fileio.write_json_atomic(paths["json"], report, default=None)
-  with open(paths["markdown"], "w") as f:
-    f.write(markdown_table(report))
+  fileio.write_text_atomic(paths["markdown"], markdown_table(report))
   if plots:
     paths.update(write_plots(records, report, workdir, name))
   return paths
+
+
+def save_figure(fig: Figure, path: str, dpi: int = 100) -> str:
+  """Writes ``fig`` as a PNG to ``path`` (local or ``gs://``), whole; returns
+  ``path``. Rendered in memory: matplotlib cannot write to a bucket."""
+  buf = io.BytesIO()
+  fig.savefig(buf, format="png", dpi=dpi)
+  return fileio.write_bytes_atomic(path, buf.getvalue())
 
 
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
@@ -399,8 +406,7 @@ def write_plots(records: Sequence[dict[str, Any]], report: dict[str, Any],
   """
   def _save(fig, path):
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    return path
+    return save_figure(fig, path)
 
   def _panels(n, width):
     fig = Figure(figsize=(width * n, 4))
@@ -491,6 +497,5 @@ def compare_reports(paths: Sequence[str]) -> str:
   """Puts the runs of several JSON reports side by side in one markdown table."""
   merged: dict[str, Any] = {"runs": []}
   for p in paths:
-    with open(p) as f:
-      merged["runs"].extend(json.load(f)["runs"])
+    merged["runs"].extend(fileio.read_json(p)["runs"])
   return markdown_table(merged)

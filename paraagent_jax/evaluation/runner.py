@@ -26,10 +26,10 @@ def records_path(workdir: str, benchmark: str, policy: str, strategy: str) -> st
 
 def read_records(path: str) -> list[dict[str, Any]]:
   """Complete records of ``path`` (a torn last line from a kill is dropped)."""
-  if not os.path.exists(path):
+  if not fileio.exists(path):
     return []
   out = []
-  with open(path, encoding="utf-8") as f:
+  with fileio.open(path) as f:
     for line in f:
       try:
         out.append(json.loads(line))
@@ -39,12 +39,11 @@ def read_records(path: str) -> list[dict[str, Any]]:
 
 
 def _append(path: str, records: Sequence[dict[str, Any]]) -> None:
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  with open(path, "a", encoding="utf-8") as f:
-    for r in records:
-      f.write(json.dumps(r, default=str) + "\n")
-    f.flush()
-    os.fsync(f.fileno())
+  """Adds ``records`` to ``path`` in one write: locally an append and a flush
+  (no fsync: `fileio.AppendFile` has none; a torn tail is dropped on resume),
+  on a bucket the object rewritten whole, so readers see whole batches."""
+  with fileio.AppendFile(path, flush_every_s=0) as f:
+    f.write("".join(json.dumps(r, default=str) + "\n" for r in records))
 
 
 def _rewrite(path: str, records: Sequence[dict[str, Any]]) -> None:

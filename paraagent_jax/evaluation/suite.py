@@ -19,6 +19,7 @@ import toolenv
 from paraagent_jax import api_client
 from paraagent_jax import checkpoint as ckpt_lib
 from paraagent_jax import config_utils
+from paraagent_jax import fileio
 from paraagent_jax import rundir
 from paraagent_jax import tokenizer as tok_lib
 from paraagent_jax.evaluation import benchmarks as bench_lib
@@ -41,7 +42,7 @@ def text_policy_tokenizer(workdir: str = ""):
   ``workdir/text_tokenizer`` so a resumed evaluation counts the same tokens.
   """
   out = os.path.join(workdir, "text_tokenizer") if workdir else None
-  if out and os.path.exists(os.path.join(out, "tokenizer.json")):
+  if out and fileio.exists(os.path.join(out, "tokenizer.json")):
     return tok_lib.load_tokenizer(out)
   if _TEXT_TOKENIZER:
     # Same texts give the same BPE: reuse this process's (tests, several runs).
@@ -80,13 +81,13 @@ def policy_tokenizer(config, checkpoint: str, workdir: str = ""):
   cands = [config.tokenizer]
   if checkpoint:
     cands += [checkpoint, os.path.join(checkpoint, "tokenizer")]
-    if not rundir.is_hf_dir(checkpoint) and os.path.isfile(
+    if not rundir.is_hf_dir(checkpoint) and fileio.isfile(
         os.path.join(checkpoint, rundir.CONFIG_FILE)):
       # A training workdir: its run's tokenizer (an unreadable config.json is
       # a one-line ConfigError here, as it would be when loading the model).
       cands.append(rundir.tokenizer_dir(rundir.load_run_config(checkpoint)))
   for c in cands:
-    if c and os.path.exists(os.path.join(c, "tokenizer.json")):
+    if c and fileio.exists(os.path.join(c, "tokenizer.json")):
       return tok_lib.load_tokenizer(c)
   if config.policy in ("oracle", "api"):
     return text_policy_tokenizer(workdir)
@@ -107,13 +108,13 @@ def run(config, workdir: str, checkpoint: str = "", transcripts: int = 0,
                                    "checkpoint or api")
   if config.policy == "checkpoint" and not checkpoint:
     raise config_utils.ConfigError("policy=checkpoint needs --checkpoint=DIR")
-  if checkpoint and not os.path.exists(checkpoint):
+  if checkpoint and not fileio.exists(checkpoint):
     raise config_utils.ConfigError(f"--checkpoint={checkpoint}: no such directory")
   if checkpoint:
     hint = ckpt_lib.pipeline_hint(checkpoint)
     if hint:
       raise config_utils.ConfigError(f"--checkpoint={checkpoint}: {hint}")
-    if not os.path.isdir(checkpoint) or not (
+    if not fileio.isdir(checkpoint) or not (
         rundir.is_hf_dir(checkpoint) or ckpt_lib.find_checkpoint(checkpoint)):
       raise config_utils.ConfigError(
           f"--checkpoint={checkpoint}: neither a Hugging Face model directory "
@@ -124,14 +125,15 @@ def run(config, workdir: str, checkpoint: str = "", transcripts: int = 0,
     if bench not in known:
       raise config_utils.ConfigError(f"benchmarks: unknown {bench!r}; expected one of "
                                      f"{', '.join(known)}")
-  created = not os.path.exists(workdir)
-  os.makedirs(workdir, exist_ok=True)
+  created = not fileio.exists(workdir)
+  fileio.makedirs(workdir)
   try:
     return _run(config, workdir, checkpoint, transcripts, step)
   except BaseException:
-    # A run that failed before writing anything leaves no empty workdir behind.
-    if created and os.path.isdir(workdir) and not os.listdir(workdir):
-      os.rmdir(workdir)
+    # A run that failed before writing anything leaves no empty workdir behind
+    # (on a bucket there is none: a folder is only the objects under it).
+    if created and fileio.isdir(workdir) and not fileio.listdir(workdir):
+      fileio.rmtree(workdir)
     raise
 
 
@@ -139,6 +141,7 @@ def _run(config, workdir: str, checkpoint: str, transcripts: int, step: int | No
   """`run` after its checks, in the existing ``workdir``."""
   tok = policy_tokenizer(config, checkpoint, workdir)
   model = rundir.load_model(checkpoint, len(tok), step)[0] if checkpoint else None
+  # normpath only to take the last name: "gs://b/run/" gives "run" all the same.
   name = config.policy_name or (os.path.basename(os.path.normpath(checkpoint))
                                 if checkpoint else config.policy)
   if step is not None and not config.policy_name:

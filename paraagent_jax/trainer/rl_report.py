@@ -94,17 +94,14 @@ def write_report(workdir: str, history: Sequence[dict], after: dict,
   lines += ["", "Learning curve: `rl_curve.png`, `rl_curve.jsonl` (per iteration: rollout "
             "success, mean trajectory / phase / step reward, held-out success where "
             "evaluated); every metric: `metrics.jsonl`.", ""]
-  after_path = os.path.join(workdir, EVAL_AFTER_FILE)
-  if os.path.exists(after_path):
-    with open(after_path) as f:
-      recs = [dict(json.loads(l), benchmark="toolenv", policy="after RL",
-                   strategy=meta.get("strategy", "paraact")) for l in f if l.strip()]
-    examples = report_lib.example_transcripts(recs)
-    if examples:
-      lines += ["After RL, one solved and one failed held-out transcript per kind "
-                f"(all in `{EVAL_AFTER_FILE}`; long turns cut):", ""]
-      for ex in examples:
-        lines += ["```", report_lib.format_transcript(ex, max_chars=600), "```", ""]
+  examples = report_lib.example_transcripts(
+      [dict(r, benchmark="toolenv", policy="after RL",
+            strategy=meta.get("strategy", "paraact")) for r in after_recs])
+  if examples:
+    lines += ["After RL, one solved and one failed held-out transcript per kind "
+              f"(all in `{EVAL_AFTER_FILE}`; long turns cut):", ""]
+    for ex in examples:
+      lines += ["```", report_lib.format_transcript(ex, max_chars=600), "```", ""]
   path = os.path.join(workdir, "rl_report.md")
   return fileio.write_text_atomic(path, "\n".join(lines))
 
@@ -121,9 +118,9 @@ def cause_summary_lines(workdir: str) -> list[str]:
 
 
 def _read_records(path: str) -> list[dict]:
-  if not os.path.exists(path):
+  if not fileio.exists(path):
     return []
-  with open(path, encoding="utf-8") as f:
+  with fileio.open(path) as f:
     return [json.loads(line) for line in f if line.strip()]
 
 
@@ -134,7 +131,7 @@ def paired_before_after(workdir: str) -> dict | None:
   (``rl.eval_every=0`` skips the evaluation before RL).
   """
   files = [os.path.join(workdir, f) for f in (EVAL_BEFORE_FILE, EVAL_AFTER_FILE)]
-  if not all(os.path.exists(f) for f in files):
+  if not all(fileio.exists(f) for f in files):
     return None
   paired = paired_lib.paired_comparison(*(paired_lib.read_per_task(f) for f in files),
                                         names=("before", "after"))
@@ -154,7 +151,7 @@ def _running_mean(values, window: int) -> list[float]:
 def save_curve(workdir: str) -> str | None:
   """Plots success and each level's mean reward per iteration to rl_curve.png."""
   path = os.path.join(workdir, "metrics.jsonl")
-  if not os.path.exists(path):
+  if not fileio.exists(path):
     return None
   records = metrics_lib.read_jsonl(path)
   rows = [r for r in records if "train/rollout/success" in r]
@@ -196,14 +193,9 @@ def save_curve(workdir: str) -> str | None:
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=3, frameon=False)
   meta_path = os.path.join(workdir, RUN_META_FILE)
   levels = []
-  if os.path.exists(meta_path):
-    with open(meta_path) as f:
-      levels = json.load(f).get("levels", [])
+  if fileio.exists(meta_path):
+    levels = fileio.read_json(meta_path).get("levels", [])
   fig.suptitle("RL learning curve" + (f" (GRPO advantage levels: {', '.join(levels)})"
                                       if levels else ""))
   fig.tight_layout()
-  out = os.path.join(workdir, "rl_curve.png")
-  tmp = os.path.join(workdir, "rl_curve.tmp.png")
-  fig.savefig(tmp, dpi=100)
-  os.replace(tmp, out)
-  return out
+  return report_lib.save_figure(fig, os.path.join(workdir, "rl_curve.png"))
