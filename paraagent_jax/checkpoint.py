@@ -35,6 +35,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from paraagent_jax import checksums
+from paraagent_jax import fileio
 
 CHECKPOINT_SUBDIR = "checkpoints"
 
@@ -100,7 +101,7 @@ class Checkpointer:
 
   def __init__(self, directory: str, *, every_steps: int = 100,
                keep: int | None = 3, async_save: bool = True):
-    self.directory = os.path.join(os.path.abspath(directory),
+    self.directory = os.path.join(fileio.abspath(directory),
                                   CHECKPOINT_SUBDIR)
     self.every_steps = int(every_steps)
     self._keep = keep
@@ -176,11 +177,12 @@ class Checkpointer:
     writes it (a multi-host run shares the directory); remote paths
     (``gs://``) are left to the storage's own integrity checks.
     """
-    if jax.process_index() != 0 or not os.path.isdir(self.directory):
+    if (jax.process_index() != 0 or fileio.is_remote(self.directory)
+        or not fileio.isdir(self.directory)):
       return
     for step in self._manager.all_steps():
       path = self.step_path(step)
-      if os.path.isdir(path) and not os.path.exists(
+      if fileio.isdir(path) and not fileio.exists(
           os.path.join(path, checksums.TREE_MANIFEST)):
         try:
           checksums.write_tree_manifest(path)
@@ -245,7 +247,7 @@ class Checkpointer:
     for step, why in failures:
       src = self.step_path(step)
       dst = os.path.join(self.directory, f"corrupt-{step}")
-      os.replace(src, dst)
+      fileio.rename(src, dst)
       logging.warning("moved unreadable checkpoint %s to %s; resuming from "
                       "step %d", src, dst, good_step)
       print(f"checkpoint: step {step} unreadable ({why}), moved to {dst}; "
@@ -279,10 +281,10 @@ def verify_step(step_dir: str, step: int) -> None:
 
 def saved_steps(root: str) -> list[int]:
   """The steps with a saved model under a checkpoint root, ascending."""
-  if not os.path.isdir(root):
+  if not fileio.isdir(root):
     return []
-  return sorted(int(d) for d in os.listdir(root)
-                if d.isdigit() and os.path.isdir(os.path.join(root, d, "model")))
+  return sorted(int(d) for d in fileio.listdir(root)
+                if d.isdigit() and fileio.isdir(os.path.join(root, d, "model")))
 
 
 def find_checkpoint(path: str) -> tuple[str, int] | None:
@@ -291,14 +293,14 @@ def find_checkpoint(path: str) -> tuple[str, int] | None:
   Accepts a run's workdir, its ``checkpoints`` directory, or one step
   directory. Returns None if ``path`` holds no Orbax checkpoint.
   """
-  path = os.path.abspath(path)
+  path = fileio.abspath(path)
   candidates = [os.path.join(path, CHECKPOINT_SUBDIR), path]
   for root in candidates:
     steps = saved_steps(root)
     if steps:
       return root, steps[-1]
   base = os.path.basename(path)
-  if base.isdigit() and os.path.isdir(os.path.join(path, "model")):
+  if base.isdigit() and fileio.isdir(os.path.join(path, "model")):
     return os.path.dirname(path), int(base)
   return None
 
@@ -310,7 +312,7 @@ def pipeline_hint(path: str) -> str:
   """For a pipeline's root directory (no checkpoint of its own, stage
   directories below), the sentence that points at the stage to use; else "".
   """
-  if not os.path.isdir(path) or find_checkpoint(path) is not None:
+  if not fileio.isdir(path) or find_checkpoint(path) is not None:
     return ""
   for stage in PIPELINE_STAGES:
     sub = os.path.join(path, stage)

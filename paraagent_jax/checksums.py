@@ -21,7 +21,7 @@ CHECKSUM_FILE = "SHA256SUMS"
 
 def _sha256(path: str) -> str:
   h = hashlib.sha256()
-  with open(path, "rb") as f:
+  with fileio.open(path, "rb") as f:
     for chunk in iter(lambda: f.read(1 << 20), b""):
       h.update(chunk)
   return h.hexdigest()
@@ -32,8 +32,8 @@ def write_checksums(path: str) -> str:
 
   ``sha256sum -c SHA256SUMS`` run in the directory checks it too.
   """
-  names = sorted(f for f in os.listdir(path) if f != CHECKSUM_FILE
-                 and os.path.isfile(os.path.join(path, f)))
+  names = sorted(f for f in fileio.listdir(path) if f != CHECKSUM_FILE
+                 and fileio.isfile(os.path.join(path, f)))
   out = os.path.join(path, CHECKSUM_FILE)
   return fileio.write_text_atomic(
       out, "".join(f"{_sha256(os.path.join(path, n))}  {n}\n" for n in names))
@@ -51,16 +51,16 @@ def verify_checksums(path: str, required: bool = False) -> bool:
       the list is missing while ``required``.
   """
   sums = os.path.join(path, CHECKSUM_FILE)
-  if not os.path.isfile(sums):
+  if not fileio.isfile(sums):
     if required:
       raise ValueError(f"{path}: no {CHECKSUM_FILE} (cannot check the files)")
     return False
-  with open(sums) as f:
+  with fileio.open(sums) as f:
     lines = [line.split(None, 1) for line in f if line.strip()]
   for digest, name in lines:
     name = name.strip().lstrip("*")
     target = os.path.join(path, name)
-    if not os.path.isfile(target):
+    if not fileio.isfile(target):
       raise ValueError(f"{path}: {name} is listed in {CHECKSUM_FILE} but missing")
     got = _sha256(target)
     if got != digest:
@@ -81,9 +81,9 @@ HASH_LIMIT_BYTES = 4 << 30   # larger steps (billion-parameter runs): sizes only
 
 def _tree_files(path: str) -> list[str]:
   out = []
-  for root, _, files in os.walk(path):
+  for root, _, files in fileio.walk(path):
     for f in files:
-      rel = os.path.relpath(os.path.join(root, f), path)
+      rel = os.path.relpath(os.path.join(root, f), path)  # a string op: also gs://
       if rel != TREE_MANIFEST and not rel.endswith(".tmp"):
         out.append(rel.replace(os.sep, "/"))
   return sorted(out)
@@ -96,7 +96,7 @@ def write_tree_manifest(path: str, hash_limit: int = HASH_LIMIT_BYTES) -> str:
   bytes, so that sealing a multi-GB step does not stall training.
   """
   names = _tree_files(path)
-  sizes = {n: os.path.getsize(os.path.join(path, n)) for n in names}
+  sizes = {n: fileio.getsize(os.path.join(path, n)) for n in names}
   hashed = sum(sizes.values()) <= hash_limit
   files = {n: {"size": sizes[n]} | (
       {"sha256": _sha256(os.path.join(path, n))} if hashed else {}) for n in names}
@@ -118,18 +118,18 @@ def verify_tree_manifest(path: str) -> bool:
       (one line naming the file).
   """
   manifest = os.path.join(path, TREE_MANIFEST)
-  if not os.path.isfile(manifest):
+  if not fileio.isfile(manifest):
     return False
   try:
-    with open(manifest) as f:
+    with fileio.open(manifest) as f:
       files = json.load(f)["files"]
   except (OSError, ValueError, KeyError, TypeError) as e:
     raise ValueError(f"{manifest} is unreadable ({type(e).__name__})") from None
   for name, want in sorted(files.items()):
     target = os.path.join(path, name)
-    if not os.path.isfile(target):
+    if not fileio.isfile(target):
       raise ValueError(f"{name} is missing")
-    size = os.path.getsize(target)
+    size = fileio.getsize(target)
     if size != want["size"]:
       raise ValueError(f"{name} has {size} bytes, {want['size']} when saved "
                        f"({'truncated' if size < want['size'] else 'changed'})")

@@ -134,20 +134,6 @@ def config_value(prog: str, default: str | None = None) -> ml_collections.Config
   return value
 
 
-def check_local(prog: str, **paths: str | Sequence[str] | None) -> None:
-  """A one-line exit for a remote path (``gs://...``) in a path flag.
-
-  Run directories, checkpoints and exports are read and written with local
-  file I/O for now, which would turn ``gs://b/run`` into a local folder
-  ``./gs:/b/run`` without a word (remote run directories are issue 47's).
-  """
-  for flag, value in paths.items():
-    for p in ([value] if isinstance(value, str) else list(value or ())):
-      if "://" in p:
-        fail(prog, f"--{flag}={p}: remote paths (gs://...) are not supported yet; "
-             "use a local directory (a copy on the host, or a mounted bucket such as gcsfuse)")
-
-
 def fail(prog: str, message: str) -> NoReturn:
   """Exits with ``<prog>: error: <message on one line>`` and status 1."""
   sys.stdout.flush()

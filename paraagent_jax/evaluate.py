@@ -30,6 +30,7 @@ from absl import logging
 from paraagent_jax import checkpoint as ckpt_lib
 from paraagent_jax import cli
 from paraagent_jax import config_utils
+from paraagent_jax import fileio
 from paraagent_jax.evaluation import report as report_lib
 from paraagent_jax.evaluation import runner
 from paraagent_jax.evaluation import suite
@@ -55,14 +56,12 @@ def main(argv) -> None:
     cli.fail(PROG, f"unexpected arguments {argv[1:]}")
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)
-  cli.check_local(PROG, workdir=cli.WORKDIR.value, checkpoint=_CHECKPOINT.value,
-                  compare=_COMPARE.value)
   try:
     if _COMPARE.value:
       paths = [p if p.endswith(".json") else os.path.join(p, "report.json")
                for p in _COMPARE.value]
       for given, path in zip(_COMPARE.value, paths):
-        if not os.path.isfile(path):
+        if not fileio.isfile(path):
           cli.fail(PROG, f"--compare: {given} is neither an evaluate workdir (with "
                    "report.json) nor a report.json file")
       print(report_lib.compare_reports(paths))
@@ -74,7 +73,7 @@ def main(argv) -> None:
       cli.fail(PROG, "--workdir is required")
     if _STEP.value is not None and not _CHECKPOINT.value:
       cli.fail(PROG, "--step needs --checkpoint (a training workdir)")
-    suite.run(config, os.path.abspath(cli.WORKDIR.value), _CHECKPOINT.value,
+    suite.run(config, fileio.abspath(cli.WORKDIR.value), _CHECKPOINT.value,
               transcripts=_TRANSCRIPTS.value, step=_STEP.value)
   except (config_utils.ConfigError, ckpt_lib.CheckpointError, OSError) as e:
     cli.fail(PROG, str(e))
@@ -87,11 +86,11 @@ def main(argv) -> None:
 
 def _records_kept(workdir: str | None) -> str:
   """"N finished episodes are kept in DIR;" for the interrupt line."""
-  d = os.path.join(os.path.abspath(workdir), "records") if workdir else ""
-  if not d or not os.path.isdir(d):
+  d = os.path.join(fileio.abspath(workdir), "records") if workdir else ""
+  if not d or not fileio.isdir(d):
     return "no episode had finished;"
   n = 0
-  for name in os.listdir(d):
+  for name in fileio.listdir(d):
     if name.endswith(".jsonl"):
       n += len(runner.read_records(os.path.join(d, name)))
   return f"{n} finished episodes are kept in {d};"

@@ -26,6 +26,7 @@ from absl import logging
 from paraagent_jax import checkpoint as ckpt_lib
 from paraagent_jax import cli
 from paraagent_jax import config_utils
+from paraagent_jax import fileio
 from paraagent_jax import rundir
 from paraagent_jax import tokenizer as tok_lib
 from paraagent_jax.models import hf_io
@@ -51,9 +52,9 @@ def eval_results(workdir: str) -> dict:
   out = {}
   for name in EVAL_FILES:
     p = os.path.join(workdir, name)
-    if os.path.isfile(p):
+    if fileio.isfile(p):
       try:
-        with open(p) as f:
+        with fileio.open(p) as f:
           out[name] = json.load(f)
       except json.JSONDecodeError:
         continue  # A half-written report is not worth failing the export.
@@ -96,6 +97,10 @@ def push_to_hub(out_dir: str, repo_id: str) -> None:
     import huggingface_hub  # pylint: disable=g-import-not-at-top
   except ImportError:
     raise ExportError("--push_to_hub needs the huggingface_hub package") from None
+  if fileio.is_remote(out_dir):
+    raise ExportError(f"--push_to_hub uploads a local folder; --out={out_dir} is "
+                      f"remote: export to a local --out to push (the export "
+                      f"is in {out_dir})")
   try:
     api = huggingface_hub.HfApi()
     api.create_repo(repo_id, exist_ok=True)
@@ -110,13 +115,13 @@ def export(workdir: str, out_dir: str, step: int | None = None,
            push_to_hub_repo: str | None = None,
            max_shard_bytes: int = 2 * 1024 ** 3) -> dict:
   """Library entry point: writes the HF directory; returns a summary dict."""
-  workdir = os.path.abspath(workdir)
+  workdir = fileio.abspath(workdir)
   hint = ckpt_lib.pipeline_hint(workdir)
   if hint:
     raise ExportError(f"--workdir={workdir}: {hint}")
   config = rundir.load_run_config(workdir)
   tok_path = rundir.tokenizer_dir(config)
-  if not os.path.isfile(os.path.join(tok_path, "tokenizer.json")):
+  if not fileio.isfile(os.path.join(tok_path, "tokenizer.json")):
     tok_path = ""   # synthetic data: no tokenizer to export
   tokenizer = tok_lib.load_tokenizer(tok_path) if tok_path else None
   model, step = rundir.load_model(workdir, len(tokenizer) if tokenizer else 0, step)
@@ -124,8 +129,8 @@ def export(workdir: str, out_dir: str, step: int | None = None,
   files = hf_io.save_hf(model, out_dir, tokenizer=tokenizer,
                         max_shard_bytes=max_shard_bytes)
   evals = eval_results(workdir)
-  with open(os.path.join(out_dir, "README.md"), "w") as f:
-    f.write(model_card(config, model_cfg, step, evals, tokenizer is not None))
+  fileio.write_text_atomic(os.path.join(out_dir, "README.md"), model_card(
+      config, model_cfg, step, evals, tokenizer is not None))
   if push_to_hub_repo:
     push_to_hub(out_dir, push_to_hub_repo)
   return {"step": step, "files": files, "tokenizer": tok_path,
@@ -141,7 +146,6 @@ def main(argv) -> None:
     logging.set_verbosity(logging.WARNING)
   if not cli.WORKDIR.value or not _OUT.value:
     cli.fail(PROG, "--workdir and --out are required")
-  cli.check_local(PROG, workdir=cli.WORKDIR.value, out=_OUT.value)
   try:
     summary = export(cli.WORKDIR.value, _OUT.value, _STEP.value, _PUSH.value,
                      _MAX_SHARD.value)

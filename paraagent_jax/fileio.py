@@ -131,6 +131,15 @@ def rmtree(path) -> None:
     _epath(path).rmtree()
 
 
+def rename(src, dst) -> None:
+  """Moves a file or a directory (``os.replace`` locally; on a bucket a copy
+  of every object, then a delete: not atomic there)."""
+  if not is_remote(src) and not is_remote(dst):
+    os.replace(src, dst)
+  else:
+    _epath(src).rename(_epath(dst))
+
+
 def walk(path) -> Iterator[tuple[str, list[str], list[str]]]:
   """``os.walk`` for both kinds of path (top-down)."""
   if not is_remote(path):

@@ -72,10 +72,10 @@ def check_finite(step: int, metrics: Mapping[str, float],
 
 def truncate_jsonl(path: str, after_step: int) -> int:
   """Drops records with ``step > after_step``; returns how many were kept."""
-  if not os.path.exists(path):
+  if not fileio.exists(path):
     return 0
   kept = []
-  with open(path) as f:
+  with fileio.open(path) as f:
     for line in f:
       line = line.strip()
       if not line:
@@ -93,7 +93,7 @@ def truncate_jsonl(path: str, after_step: int) -> int:
 def read_jsonl(path: str) -> list[dict]:
   """All records of a metrics file (complete lines only)."""
   out = []
-  with open(path) as f:
+  with fileio.open(path) as f:
     for line in f:
       try:
         out.append(json.loads(line))
@@ -123,9 +123,11 @@ class MetricsWriter:
     self._tb = None
     self._bar = None
     if is_primary:
-      os.makedirs(workdir, exist_ok=True)
+      fileio.makedirs(workdir)
       truncate_jsonl(self.path, start_step)
-      self._jsonl = open(self.path, "a")
+      # On a bucket an object cannot be appended to: AppendFile rewrites it
+      # whole every few seconds and at close (locally: append + flush).
+      self._jsonl = fileio.AppendFile(self.path)
       if tensorboard:
         # Optional and heavy (tensorboardX pulls in protobuf): imported only
         # when a run writes TensorBoard events.
@@ -165,7 +167,6 @@ class MetricsWriter:
     record = {"step": int(step)}
     record.update({f"{prefix}/{k}": float(v) for k, v in metrics.items()})
     self._jsonl.write(json.dumps(record) + "\n")
-    self._jsonl.flush()
     if self._tb is not None:
       for k, v in metrics.items():
         self._tb.add_scalar(f"{prefix}/{k}", float(v), step)

@@ -9,9 +9,10 @@ point agrees on where things are:
   one line naming the owner. A lock left by a process that is gone is stale:
   on the same host the pid is checked and the lock is taken over with a note;
   a lock from another host cannot be checked from here, so the message says
-  which file to delete. Only the primary process takes it;
-  ``PARAAGENT_NO_LOCK=1`` turns it off for file systems without exclusive
-  create.
+  which file to delete. Only the primary process takes it. On a bucket the
+  lock is an object created only if absent (``ifGenerationMatch=0``,
+  `fileio.create_exclusive`); ``PARAAGENT_NO_LOCK=1`` turns it off for file
+  systems without exclusive create.
 * ``config.json`` (`write_config`, `load_run_config`): the run's config, which
   `evaluate --checkpoint` and `export_hf --workdir` read the model from,
   and ``machine.json`` beside it (where the run ran: `provenance`);
@@ -20,7 +21,8 @@ point agrees on where things are:
 * the model (`model_config`, `check_init_from`, `load_model`): from an HF
   directory or an Orbax training workdir.
 
-Atomic file writes are `paraagent_jax.fileio`'s.
+Paths may be local or ``gs://``: every read and write goes through
+`paraagent_jax.fileio`, whose writes are atomic.
 """
 
 from __future__ import annotations
@@ -73,7 +75,7 @@ def _alive(pid: int) -> bool:
 
 def _read(path: str) -> dict:
   try:
-    with open(path) as f:
+    with fileio.open(path) as f:
       return json.load(f)
   except (OSError, ValueError):
     return {}   # half-written or garbage: treated as stale below
@@ -83,7 +85,7 @@ def acquire(workdir: str) -> str:
   """Takes ``workdir/.lock``; returns its path ("" if this process already
   holds it). Raises `WorkdirLocked` if a live run holds it."""
   try:
-    os.makedirs(workdir, exist_ok=True)
+    fileio.makedirs(workdir)
   except OSError as e:   # a parent is a file, no permission, read-only disk
     raise config_utils.ConfigError(
         f"workdir {workdir}: cannot create it ({e.strerror or e})") from None
@@ -92,31 +94,26 @@ def acquire(workdir: str) -> str:
   me = {"pid": os.getpid(), "host": host, "since": time.strftime(
       "%Y-%m-%d %H:%M:%S"), "argv": " ".join(sys.argv)}
   for _ in range(3):
-    try:
-      fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-    except FileExistsError:
-      owner = _read(path)
-      pid, where = owner.get("pid"), owner.get("host")
-      if isinstance(pid, int) and where == host and _alive(pid):
-        if pid == os.getpid():
-          return ""            # already ours: the outer holder releases it
-        raise WorkdirLocked(
-            f"workdir {workdir} is in use by pid {pid} on {host} since "
-            f"{owner.get('since', '?')} ({owner.get('argv', '')[:120]}); wait "
-            f"for it to finish or stop it, then rerun to resume")
-      if isinstance(pid, int) and where and where != host:
-        raise WorkdirLocked(
-            f"workdir {workdir} is locked by pid {pid} on host {where} since "
-            f"{owner.get('since', '?')}; if no run is active there, delete "
-            f"{path} and rerun")
-      print(f"workdir lock: taking over a stale lock ({path}: pid {pid} on "
-            f"{where} is not running)", file=sys.stderr, flush=True)
-      with contextlib.suppress(FileNotFoundError):
-        os.remove(path)
-      continue
-    with os.fdopen(fd, "w") as f:
-      json.dump(me, f)
-    return path
+    if fileio.create_exclusive(path, json.dumps(me)):
+      return path
+    owner = _read(path)
+    pid, where = owner.get("pid"), owner.get("host")
+    if isinstance(pid, int) and where == host and _alive(pid):
+      if pid == os.getpid():
+        return ""            # already ours: the outer holder releases it
+      raise WorkdirLocked(
+          f"workdir {workdir} is in use by pid {pid} on {host} since "
+          f"{owner.get('since', '?')} ({owner.get('argv', '')[:120]}); wait "
+          f"for it to finish or stop it, then rerun to resume")
+    if isinstance(pid, int) and where and where != host:
+      raise WorkdirLocked(
+          f"workdir {workdir} is locked by pid {pid} on host {where} since "
+          f"{owner.get('since', '?')}; if no run is active there, delete "
+          f"{path} and rerun")
+    print(f"workdir lock: taking over a stale lock ({path}: pid {pid} on "
+          f"{where} is not running)", file=sys.stderr, flush=True)
+    with contextlib.suppress(FileNotFoundError):
+      fileio.remove(path)
   raise WorkdirLocked(f"workdir {workdir}: could not take {path} (another run "
                       f"keeps creating it)")
 
@@ -125,7 +122,7 @@ def release(path: str) -> None:
   """Removes the lock if this process owns it."""
   if _read(path).get("pid") == os.getpid():
     with contextlib.suppress(FileNotFoundError):
-      os.remove(path)
+      fileio.remove(path)
 
 
 @contextlib.contextmanager
@@ -150,7 +147,7 @@ def held(workdir: str, enabled: bool = True):
 def write_config(config, workdir: str) -> None:
   """Writes ``workdir/config.json`` and ``workdir/machine.json`` (where it ran:
   `provenance.machine`) on the primary host; creates workdir."""
-  os.makedirs(workdir, exist_ok=True)
+  fileio.makedirs(workdir)
   if jax.process_index() == 0:
     fileio.write_json_atomic(os.path.join(workdir, CONFIG_FILE),
                              config_utils.to_dict(config))
@@ -165,10 +162,10 @@ def load_run_config(workdir: str) -> ml_collections.ConfigDict:
     ConfigError: no config.json (not a training workdir) or an unreadable one.
   """
   path = os.path.join(workdir, CONFIG_FILE)
-  if not os.path.isfile(path):
+  if not fileio.isfile(path):
     raise config_utils.ConfigError(f"{workdir}: no {CONFIG_FILE} (not a training workdir)")
   try:
-    with open(path) as f:
+    with fileio.open(path) as f:
       return ml_collections.ConfigDict(json.load(f))
   except ValueError as e:
     raise config_utils.ConfigError(f"{path}: not a JSON config ({e})") from None
@@ -190,7 +187,7 @@ def tokenizer_dir(config) -> str:
   cands = ([os.path.join(data_dir, "tokenizer")] if data_dir else []) + (
       [os.path.join(init, "tokenizer"), init] if init else [])
   for c in cands:
-    if os.path.isfile(os.path.join(c, "tokenizer.json")):
+    if fileio.isfile(os.path.join(c, "tokenizer.json")):
       return c
   return cands[0] if cands else ""
 
@@ -202,15 +199,15 @@ def tokenizer_dir(config) -> str:
 
 def is_hf_dir(path: str) -> bool:
   """True for a directory with an HF ``config.json`` and safetensors."""
-  return (os.path.isfile(os.path.join(path, "config.json")) and any(
-      f.endswith(".safetensors") for f in os.listdir(path)))
+  return (fileio.isfile(os.path.join(path, "config.json")) and any(
+      f.endswith(".safetensors") for f in fileio.listdir(path)))
 
 
 def check_init_from(path: str) -> str:
   """Validates ``config.init_from``: returns "", "hf" or "orbax"."""
   if not path:
     return ""
-  if not os.path.isdir(path):
+  if not fileio.isdir(path):
     raise config_utils.ConfigError(f"init_from={path}: no such directory")
   if is_hf_dir(path):
     return "hf"
@@ -240,7 +237,7 @@ class ModelSpec:
     vocab = int(self.vocab_size) or int(vocab_size)
     try:
       if check_init_from(self.init_from) == "hf":
-        with open(os.path.join(self.init_from, "config.json")) as f:
+        with fileio.open(os.path.join(self.init_from, "config.json")) as f:
           return qwen3.Qwen3Config.from_hf_dict(json.load(f), **overrides)
       if vocab:
         overrides["vocab_size"] = vocab
@@ -279,7 +276,7 @@ def load_model(path: str, vocab_size: int = 0, step: int | None = None
     ConfigError: no such directory, neither kind of checkpoint, no
       config.json next to the checkpoints, or no checkpoint ``step``.
   """
-  if not os.path.exists(path):
+  if not fileio.exists(path):
     raise config_utils.ConfigError(f"{path}: no such directory")
   if is_hf_dir(path):
     return hf_io.load_hf(path), None
@@ -294,7 +291,7 @@ def load_model(path: str, vocab_size: int = 0, step: int | None = None
   ckpt_path = path
   if step is not None:
     ckpt_path = os.path.join(path, ckpt_lib.CHECKPOINT_SUBDIR, str(step))
-    if not os.path.isdir(os.path.join(ckpt_path, "model")):
+    if not fileio.isdir(os.path.join(ckpt_path, "model")):
       have = ckpt_lib.saved_steps(os.path.join(path, ckpt_lib.CHECKPOINT_SUBDIR))
       raise config_utils.ConfigError(
           f"{path}: no checkpoint for step {step}; saved steps: "

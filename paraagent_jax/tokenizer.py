@@ -16,10 +16,13 @@ are the concatenation of the ids of its turns.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
 from typing import Iterable, Sequence
 
 from paraagent_jax import checksums
+from paraagent_jax import fileio
 
 # The ParaAct protocol's tags (`paraagent_jax.paraact.protocol` renders and
 # parses them): single added tokens of the demo tokenizer, so the stop
@@ -159,16 +162,45 @@ def load_tokenizer(path: str):
     FileNotFoundError: no such directory.
     ValueError: a file differs from the directory's SHA256SUMS.
   """
-  if not os.path.isdir(path):
+  if not fileio.isdir(path):
     raise FileNotFoundError(f"tokenizer directory not found: {path}")
   checksums.verify_checksums(path)   # a shipped directory lists its files
   # transformers takes seconds to import: only the functions that build or load
   # a tokenizer pay for it, not the modules that read the token constants.
   from transformers import AutoTokenizer  # pylint: disable=g-import-not-at-top
-  tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+  with _local_copy(path) as local:
+    tok = AutoTokenizer.from_pretrained(local, local_files_only=True)
   if not getattr(tok, "chat_template", None):
     tok.chat_template = CHAT_TEMPLATE
   return tok
+
+
+@contextlib.contextmanager
+def _local_copy(path: str):
+  """``path`` itself, or for a bucket a temporary local copy of its files
+  (transformers reads tokenizers from local directories only), removed
+  after the block."""
+  if not fileio.is_remote(path):
+    yield path
+    return
+  with tempfile.TemporaryDirectory(prefix="paraagent-tokenizer-") as tmp:
+    for name in fileio.listdir(path):
+      if fileio.isfile(os.path.join(path, name)):
+        fileio.copy(os.path.join(path, name), os.path.join(tmp, name))
+    yield tmp
+
+
+def save_tokenizer(tok, out_dir: str) -> None:
+  """``tok.save_pretrained(out_dir)``, also for a bucket (written locally to
+  a temporary directory, then each file uploaded whole)."""
+  if not fileio.is_remote(out_dir):
+    fileio.makedirs(out_dir)
+    tok.save_pretrained(out_dir)
+    return
+  with tempfile.TemporaryDirectory(prefix="paraagent-tokenizer-") as tmp:
+    tok.save_pretrained(tmp)
+    for name in sorted(os.listdir(tmp)):
+      fileio.copy(os.path.join(tmp, name), os.path.join(out_dir, name))
 
 
 def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int = 4096,
@@ -217,6 +249,5 @@ def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int = 4096,
       additional_special_tokens=[IM_START])
   fast.chat_template = CHAT_TEMPLATE
   if out_dir is not None:
-    os.makedirs(out_dir, exist_ok=True)
-    fast.save_pretrained(out_dir)
+    save_tokenizer(fast, out_dir)
   return fast

@@ -22,7 +22,6 @@ This file only reads flags and reports errors; the stages live in
 
 from __future__ import annotations
 
-import os
 import sys
 
 from absl import flags
@@ -33,6 +32,7 @@ from paraagent_jax import checkpoint as ckpt_lib
 from paraagent_jax import cli
 from paraagent_jax import config_utils
 from paraagent_jax import dry_run
+from paraagent_jax import fileio
 from paraagent_jax import interrupts
 from paraagent_jax import metrics as metrics_lib
 from paraagent_jax import rundir
@@ -75,10 +75,9 @@ def main(argv) -> None:
     sys.exit(dry_run.main(config, _FAKE_DEVICES.value))
   if not cli.WORKDIR.value:
     cli.fail(PROG, "--config and --workdir are required")
-  cli.check_local(PROG, workdir=cli.WORKDIR.value)
   try:
     state_lib.maybe_initialize_distributed(config.get("distributed", "auto"))
-    workdir = os.path.abspath(cli.WORKDIR.value)
+    workdir = fileio.abspath(cli.WORKDIR.value)
     # One run per workdir (primary host only: the hosts of a job share it).
     with rundir.held(workdir, enabled=jax.process_index() == 0), \
         interrupts.graceful():

@@ -9,10 +9,14 @@ inherit the variables, so an entry point run by a test writes to the same
 emulator. Nothing here mocks the file layer: the package's code talks HTTP
 to a storage server.
 
-One thing the emulator lacks is added to it (`_honour_if_generation_match_0`):
-GCS refuses an upload with ``ifGenerationMatch=0`` when the object exists
-(HTTP 412); the emulator (2026.7.19) ignores the precondition. The workdir
-lock on a bucket relies on it, so its test needs a server that keeps it.
+Two things the emulator (2026.7.19) lacks are added to it (`make_faithful`):
+* GCS refuses an upload with ``ifGenerationMatch=0`` when the object exists
+  (HTTP 412); the emulator ignores the precondition. The workdir lock on a
+  bucket relies on it.
+* GCS sends an object's generation (``x-goog-generation``) with its bytes;
+  the emulator does not. TensorStore (Orbax's checkpoints) reads the OCDBT
+  manifest by byte range and fails with "Malformed StorageGeneration"
+  without it.
 """
 
 from __future__ import annotations
@@ -64,12 +68,44 @@ def _honour_if_generation_match_0(objects) -> None:
   objects._paraagent_if_absent = True
 
 
+def _send_generation(server_lib, objects) -> None:
+  """Adds ``x-goog-generation`` to the emulator's object downloads."""
+  original = objects.download
+  if getattr(original, "_paraagent_generation", False):
+    return
+
+  def download(request, response, storage, *args, **kwargs):
+    from gcp_storage_emulator.exceptions import NotFound  # pylint: disable=g-import-not-at-top
+    try:
+      obj = storage.get_file_obj(request.params["bucket_name"],
+                                 request.params["object_id"])
+    except NotFound:
+      pass
+    else:
+      response["x-goog-generation"] = str(obj["generation"])
+      response["x-goog-metageneration"] = str(obj.get("metageneration", "1"))
+    return original(request, response, storage, *args, **kwargs)
+
+  download._paraagent_generation = True
+  objects.download = download
+  for _, handlers in server_lib.HANDLERS:
+    for method, fn in list(handlers.items()):
+      if fn is original:
+        handlers[method] = download
+
+
+def make_faithful(server_lib, objects) -> None:
+  """The emulator's gaps that the package meets, filled (see the docstring)."""
+  _honour_if_generation_match_0(objects)
+  _send_generation(server_lib, objects)
+
+
 @pytest.fixture(scope="session")
 def gcs_server():
   """The emulator's URL; the environment points GCS clients at it."""
   server_lib = pytest.importorskip("gcp_storage_emulator.server")
   from gcp_storage_emulator.handlers import objects  # pylint: disable=g-import-not-at-top
-  _honour_if_generation_match_0(objects)
+  make_faithful(server_lib, objects)
   port = _free_port()
   server = server_lib.create_server("127.0.0.1", port, in_memory=True)
   server.start()

@@ -30,6 +30,7 @@ from safetensors import SafetensorError
 import safetensors.numpy as st_numpy
 
 from paraagent_jax import checksums
+from paraagent_jax import fileio
 from paraagent_jax import sharding as shd
 from paraagent_jax import tokenizer as tok_lib
 from paraagent_jax.models import qwen3
@@ -135,13 +136,13 @@ def _get(pure: dict, cfg, e: Entry, i):
 
 
 def _read_config(path: str) -> dict[str, Any]:
-  if not os.path.isdir(path):
+  if not fileio.isdir(path):
     raise FileNotFoundError(f"HF checkpoint directory not found: {path}")
   cfg_path = os.path.join(path, "config.json")
-  if not os.path.isfile(cfg_path):
+  if not fileio.isfile(cfg_path):
     raise FileNotFoundError(f"{path}: no config.json")
   try:
-    with open(cfg_path) as f:
+    with fileio.open(cfg_path) as f:
       return json.load(f)
   except json.JSONDecodeError as e:
     raise ValueError(f"{cfg_path}: not valid JSON ({e})") from None
@@ -150,25 +151,50 @@ def _read_config(path: str) -> dict[str, Any]:
 def _weight_map(path: str) -> dict[str, str]:
   """HF key -> safetensors file name (single file or sharded with index)."""
   index = os.path.join(path, INDEX_FILE)
-  if os.path.isfile(index):
+  if fileio.isfile(index):
     try:
-      with open(index) as f:
+      with fileio.open(index) as f:
         wm = json.load(f)["weight_map"]
     except (json.JSONDecodeError, KeyError) as e:
       raise ValueError(f"{index}: not a safetensors index ({e})") from None
     for fname in set(wm.values()):
-      if not os.path.isfile(os.path.join(path, fname)):
+      if not fileio.isfile(os.path.join(path, fname)):
         raise FileNotFoundError(f"{path}: shard {fname} named in {INDEX_FILE} "
                                 f"is missing")
     return wm
   single = os.path.join(path, SINGLE_FILE)
-  if not os.path.isfile(single):
+  if not fileio.isfile(single):
     raise FileNotFoundError(f"{path}: neither {SINGLE_FILE} nor {INDEX_FILE}")
   with _open(single) as f:
     return {k: SINGLE_FILE for k in f.keys()}
 
 
+class _InMemory:
+  """A safetensors file read whole from a bucket, with `safe_open`'s
+  ``keys`` / ``get_tensor`` (safetensors opens local files only)."""
+
+  def __init__(self, fname: str):
+    try:
+      self._tensors = st_numpy.load(fileio.open(fname, "rb").read())
+    except SafetensorError as e:
+      raise OSError(f"{fname}: corrupt safetensors file ({e})") from None
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self._tensors = {}
+
+  def keys(self):
+    return list(self._tensors)
+
+  def get_tensor(self, key: str) -> np.ndarray:
+    return self._tensors[key]
+
+
 def _open(fname: str):
+  if fileio.is_remote(fname):
+    return _InMemory(fname)
   try:
     return safe_open(fname, framework="np")
   except SafetensorError as e:
@@ -314,7 +340,7 @@ def save_hf(model: qwen3.Qwen3, out_dir: str, tokenizer=None,
     The safetensors file names written.
   """
   cfg = model.config
-  os.makedirs(out_dir, exist_ok=True)
+  fileio.makedirs(out_dir)
   hf = cfg.to_hf_dict()
   hf["torch_dtype"] = cfg.param_dtype
   gen = {"do_sample": False}
@@ -337,9 +363,9 @@ def save_hf(model: qwen3.Qwen3, out_dir: str, tokenizer=None,
     current[key] = w
     size += w.nbytes
   shards.append(current)
-  for stale in os.listdir(out_dir):
+  for stale in fileio.listdir(out_dir):
     if stale.endswith(".safetensors") or stale == INDEX_FILE:
-      os.remove(os.path.join(out_dir, stale))
+      fileio.remove(os.path.join(out_dir, stale))
   names = []
   if len(shards) == 1:
     names = [SINGLE_FILE]
@@ -348,23 +374,28 @@ def save_hf(model: qwen3.Qwen3, out_dir: str, tokenizer=None,
              for k in range(len(shards))]
   weight_map, total = {}, 0
   for name, tensors in zip(names, shards):
-    st_numpy.save_file(tensors, os.path.join(out_dir, name),
-                       metadata={"format": "pt"})
-    # safetensors creates its files 0600; an export is meant to be shared
-    # (copied to a hub, read by other users), like the JSON files beside it.
-    os.chmod(os.path.join(out_dir, name), 0o644)
+    target = os.path.join(out_dir, name)
+    if fileio.is_remote(target):   # one upload per shard, whole
+      fileio.write_bytes_atomic(target, st_numpy.save(
+          tensors, metadata={"format": "pt"}))
+    else:
+      st_numpy.save_file(tensors, target, metadata={"format": "pt"})
+      # safetensors creates its files 0600; an export is meant to be shared
+      # (copied to a hub, read by other users), like the JSON files beside it.
+      os.chmod(target, 0o644)
     for k, w in tensors.items():
       weight_map[k] = name
       total += w.nbytes
   if len(shards) > 1:
-    with open(os.path.join(out_dir, INDEX_FILE), "w") as f:
-      json.dump({"metadata": {"total_size": total}, "weight_map": weight_map},
-                f, indent=1)
-  with open(os.path.join(out_dir, "config.json"), "w") as f:
-    json.dump(hf, f, indent=1)
-  with open(os.path.join(out_dir, "generation_config.json"), "w") as f:
-    json.dump(gen, f, indent=1)
+    fileio.write_json_atomic(
+        os.path.join(out_dir, INDEX_FILE),
+        {"metadata": {"total_size": total}, "weight_map": weight_map},
+        indent=1, default=None)
+  fileio.write_json_atomic(os.path.join(out_dir, "config.json"), hf, indent=1,
+                           default=None)
+  fileio.write_json_atomic(os.path.join(out_dir, "generation_config.json"), gen,
+                           indent=1, default=None)
   if tokenizer is not None:
     tokenizer.chat_template = tok_lib.CHAT_TEMPLATE
-    tokenizer.save_pretrained(out_dir)
+    tok_lib.save_tokenizer(tokenizer, out_dir)
   return names

@@ -67,7 +67,7 @@ def run_pipeline(config, workdir: str) -> dict:
     if stage == "rl" and previous in ("sft", "sft2"):
       stage_cfg.init_from = os.path.join(workdir, previous)
     previous, previous_cfg = stage, stage_cfg
-    if os.path.exists(done):
+    if fileio.exists(done):
       print(f"pipeline: {stage} already done ({done})", flush=True)
       continue
     # Each stage's directory is a run of its own: evaluate --checkpoint and
@@ -83,9 +83,9 @@ def run_pipeline(config, workdir: str) -> dict:
 
 
 def _read_json(path: str) -> dict | None:
-  if not os.path.exists(path):
+  if not fileio.exists(path):
     return None
-  with open(path) as f:
+  with fileio.open(path) as f:
     return json.load(f)
 
 

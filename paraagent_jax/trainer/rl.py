@@ -105,7 +105,7 @@ def resume_history(levels: Sequence[str], data_state, workdir: str,
   path = os.path.join(workdir, metrics_lib.METRICS_FILE)
   if "history" in data_state:
     history = [dict(r) for r in data_state["history"]]
-  elif start_it and os.path.exists(path):
+  elif start_it and fileio.exists(path):
     # A checkpoint written before the history was stored: keep the file's
     # records up to the checkpoint.
     history = [r for r in metrics_lib.read_jsonl(path)

@@ -69,7 +69,7 @@ def make_sft_data(spec: specs.SFTSpec, split: str, seed_offset: int = 0):
     if e.name != module_name:
       raise
     here = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data")
-    known = sorted(f[:-3] for f in os.listdir(here)
+    known = sorted(f[:-3] for f in fileio.listdir(here)
                    if f.endswith(".py") and not f.startswith("_"))
     raise config_utils.ConfigError(
         f"data.source={name!r}: no module {module_name}; available: "
@@ -201,7 +201,7 @@ def ensure_demonstrations(config, workdir: str) -> bool:
   if data.source != "demonstrations" or data.get("data_dir", ""):
     return False
   out = os.path.join(workdir, DEMOS_DIR)
-  if not os.path.exists(os.path.join(out, "stats.json")):
+  if not fileio.exists(os.path.join(out, "stats.json")):
     print(f"sft: data.data_dir is empty: building the demonstrations in {out}",
           flush=True)
     coldstart_build.build_demonstrations(config, out)

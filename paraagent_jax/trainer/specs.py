@@ -20,11 +20,11 @@ as a read-only mapping (`SFTSpec.data`).
 from __future__ import annotations
 
 import dataclasses
-import os
 import types
 from typing import Any, Mapping
 
 from paraagent_jax import config_utils
+from paraagent_jax import fileio
 from paraagent_jax import provenance
 from paraagent_jax import rundir
 from paraagent_jax.sampling import programs as sampling_programs
@@ -272,7 +272,7 @@ def rl_spec(config) -> RLSpec:
                       f"{', '.join(sampling_programs.DRAWS)}")
   buckets = length_buckets(rl)
   tokenizer = rundir.tokenizer_dir(config)
-  if not tokenizer or not os.path.exists(tokenizer):
+  if not tokenizer or not fileio.exists(tokenizer):
     raise ConfigError(f"rl: no tokenizer at {tokenizer!r}; set rl.tokenizer or data.data_dir")
   rundir.check_init_from(config.init_from)
   grpo_cfg = grpo_config(config)

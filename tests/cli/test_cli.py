@@ -97,22 +97,3 @@ def test_print_config_reads_the_file_in_either_flag_form_and_the_default_one():
   p = _run("evaluate", "--print_config")                               # no --config
   assert p.returncode == 0, p.stderr[-1000:]
   assert "num_per_kind = 40" in p.stdout.splitlines()
-
-
-@pytest.mark.slow
-def test_a_gs_path_is_refused_in_one_line_and_nothing_is_written(tmp_path):
-  """Remote run directories are not supported yet: one line, and no local
-  ``gs:`` folder (the old behaviour wrote one without a word)."""
-  cases = [("train", ("--config=configs/demo.py:runlocal", "--workdir=gs://b/run"), "workdir"),
-           ("evaluate", ("--workdir=gs://b/eval",), "workdir"),
-           ("evaluate", (f"--workdir={tmp_path / 'e'}", "--checkpoint=gs://b/run/rl"),
-            "checkpoint"),
-           ("export_hf", (f"--workdir={tmp_path}", "--out=gs://b/hf"), "out")]
-  for module, args, flag in cases:
-    p = _run(module, *args)
-    assert p.returncode == 1, (module, p.stderr[-500:])
-    (line,) = p.stderr.strip().splitlines()
-    assert line.startswith(f"paraagent_jax.{module}: error: --{flag}=gs://b/"), line
-    assert "not supported yet" in line
-  assert not os.path.exists(os.path.join(ROOT, "gs:"))
-  assert not os.path.exists(tmp_path / "e")
