@@ -48,7 +48,7 @@ def text_policy_tokenizer(workdir: str = ""):
     # Same texts give the same BPE: reuse this process's (tests, several runs).
     tok = _TEXT_TOKENIZER[0]
     if out:
-      tok.save_pretrained(out)
+      tok_lib.save_tokenizer(tok, out)
     return tok
   texts = [strategy_lib.get_strategy(s).system_prompt() for s in strategy_lib.STRATEGY_NAMES]
   gen = toolenv.TaskGenerator(toolenv.load_catalog("procedural", seed=0), seed=1)
