@@ -30,6 +30,15 @@ import socket
 import pytest
 
 _COUNTER = itertools.count()
+# The variables that point GCS clients at the emulator (set by `gcs_server`).
+ENV_KEYS = ("STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL",
+            "GOOGLE_AUTH_TOKEN_FOR_TESTING", "GOOGLE_CLOUD_PROJECT",
+            "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT")
+
+
+def emulator_env(base: dict) -> dict:
+  """``base`` (a subprocess's environment) plus the emulator's variables."""
+  return dict(base, **{k: os.environ[k] for k in ENV_KEYS if k in os.environ})
 
 
 def _free_port() -> int:
@@ -112,7 +121,10 @@ def gcs_server():
   url = f"http://127.0.0.1:{port}"
   env = {"STORAGE_EMULATOR_HOST": url, "TENSORSTORE_GCS_HTTP_URL": url,
          "GOOGLE_AUTH_TOKEN_FOR_TESTING": "dummy",
-         "GOOGLE_CLOUD_PROJECT": "test"}
+         "GOOGLE_CLOUD_PROJECT": "test",
+         # gcsfs asks the storage control API (which the emulator lacks) for
+         # each bucket's layout, and warns on every call when it fails.
+         "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}
   old = {k: os.environ.get(k) for k in env}
   os.environ.update(env)
   try:

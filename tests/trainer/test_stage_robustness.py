@@ -295,3 +295,38 @@ def test_check_finite_names_loss_first_and_says_when_nothing_was_saved():
     metrics_lib.check_finite(1, {"grad_norm": float("-inf"), "loss": 2.0},
                              "/c/1")
   metrics_lib.check_finite(1, {"loss": 2.0}, None)  # Finite: no error.
+
+
+@pytest.mark.slow
+def test_sigkill_on_a_bucket_and_rerun_ends_like_the_local_run(
+    tok_dir, env, reference, gcs_bucket, tmp_path):
+  """The kill/resume above with ``--workdir=gs://...`` (a GCS emulator):
+  the rerun resumes from the bucket's last complete checkpoint and ends
+  with the same parameters and metrics as the local uninterrupted run; no
+  local ``gs:`` folder appears."""
+  from paraagent_jax import fileio
+  from tests.gcs_emulator import emulator_env
+  genv = emulator_env(env)
+  workdir = f"{gcs_bucket}/run"
+  proc = subprocess.Popen(cmd(tok_dir, workdir), cwd=str(tmp_path), env=genv,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  deadline = time.monotonic() + 2400
+  while ckpt_lib.saved_steps(f"{workdir}/checkpoints") == [] and proc.poll() is None:
+    assert time.monotonic() < deadline, "no checkpoint appeared"
+    time.sleep(0.2)
+  proc.send_signal(signal.SIGKILL)
+  assert proc.wait() == -signal.SIGKILL, "the run ended before the kill"
+  saved = ckpt_lib.Checkpointer(workdir).all_steps()
+  assert not saved or saved[-1] < ITERATIONS, saved
+
+  out = run(genv, cmd(tok_dir, workdir))
+  if saved:      # else the kill came before the first save was complete
+    assert f"resumed at iteration {saved[-1]}/{ITERATIONS}" in out.stdout
+  for a, b in zip(model_leaves(reference, ITERATIONS),
+                  model_leaves(workdir, ITERATIONS)):
+    np.testing.assert_array_equal(a, b)
+  assert records(workdir) == records(reference)
+  assert fileio.read_json(f"{workdir}/rl_eval.json") == fileio.read_json(
+      os.path.join(reference, "rl_eval.json"))
+  assert not os.path.exists(tmp_path / "gs:")
+  assert not os.path.exists(os.path.join(ROOT, "gs:"))
