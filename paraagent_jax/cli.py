@@ -36,6 +36,7 @@ from ml_collections import config_flags
 from ml_collections.config_flags import config_flags as config_flags_lib
 
 from paraagent_jax import config_utils
+from paraagent_jax import fileio
 
 
 # Errors met while absl parsed ``--config`` (reported by `config_value` in the
@@ -132,6 +133,17 @@ def config_value(prog: str, default: str | None = None) -> ml_collections.Config
   if value is None:
     fail(prog, "--config is required")
   return value
+
+
+def check_paths(prog: str, *paths: str | None) -> None:
+  """A one-line exit when a remote path's bucket cannot be reached (before
+  any work; local paths are not touched)."""
+  for p in paths:
+    if p:
+      try:
+        fileio.check_reachable(p)
+      except OSError as e:
+        fail(prog, str(e))
 
 
 def fail(prog: str, message: str) -> NoReturn:

@@ -73,6 +73,7 @@ def main(argv) -> None:
       cli.fail(PROG, "--workdir is required")
     if _STEP.value is not None and not _CHECKPOINT.value:
       cli.fail(PROG, "--step needs --checkpoint (a training workdir)")
+    cli.check_paths(PROG, cli.WORKDIR.value, _CHECKPOINT.value)
     suite.run(config, fileio.abspath(cli.WORKDIR.value), _CHECKPOINT.value,
               transcripts=_TRANSCRIPTS.value, step=_STEP.value)
   except (config_utils.ConfigError, ckpt_lib.CheckpointError, OSError) as e:

@@ -146,6 +146,7 @@ def main(argv) -> None:
     logging.set_verbosity(logging.WARNING)
   if not cli.WORKDIR.value or not _OUT.value:
     cli.fail(PROG, "--workdir and --out are required")
+  cli.check_paths(PROG, cli.WORKDIR.value, _OUT.value)
   try:
     summary = export(cli.WORKDIR.value, _OUT.value, _STEP.value, _PUSH.value,
                      _MAX_SHARD.value)

@@ -56,6 +56,35 @@ def _fresh(path) -> None:
       fs(os.fspath(path)).invalidate_cache()
 
 
+def check_reachable(path) -> None:
+  """Raises `OSError` with one line when a remote path's bucket cannot be
+  reached (no network, no credentials, no such bucket); nothing for a local
+  path. Entry points call it first, so a wrong bucket costs one line and
+  no work (gcsfs would otherwise log a traceback per retry)."""
+  path = os.fspath(path)
+  if not is_remote(path):
+    return
+  import logging  # pylint: disable=g-import-not-at-top
+  scheme, rest = path.split("://", 1)
+  bucket = f"{scheme}://{rest.split('/', 1)[0]}"
+  loggers = [logging.getLogger(n) for n in ("gcsfs", "fsspec", "google")]
+  levels = [lg.level for lg in loggers]
+  for lg in loggers:
+    lg.setLevel(logging.CRITICAL)
+  try:
+    found = exists(bucket)
+  except Exception as e:  # pylint: disable=broad-except
+    raise OSError(f"{path}: cannot reach {bucket} ({' '.join(str(e).split())[:200]}); "
+                  f"check the network and the credentials (gcloud auth "
+                  f"application-default login; a TPU VM uses its service "
+                  f"account)") from None
+  finally:
+    for lg, level in zip(loggers, levels):
+      lg.setLevel(level)
+  if not found:
+    raise OSError(f"{path}: no bucket {bucket} (or no access to it)")
+
+
 def abspath(path) -> str:
   """An absolute local path, or a remote path unchanged (``os.path.abspath``
   would turn ``gs://b/run`` into ``./gs:/b/run``)."""

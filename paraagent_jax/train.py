@@ -75,6 +75,7 @@ def main(argv) -> None:
     sys.exit(dry_run.main(config, _FAKE_DEVICES.value))
   if not cli.WORKDIR.value:
     cli.fail(PROG, "--config and --workdir are required")
+  cli.check_paths(PROG, cli.WORKDIR.value)
   try:
     state_lib.maybe_initialize_distributed(config.get("distributed", "auto"))
     workdir = fileio.abspath(cli.WORKDIR.value)

@@ -97,3 +97,23 @@ def test_print_config_reads_the_file_in_either_flag_form_and_the_default_one():
   p = _run("evaluate", "--print_config")                               # no --config
   assert p.returncode == 0, p.stderr[-1000:]
   assert "num_per_kind = 40" in p.stdout.splitlines()
+
+
+@pytest.mark.slow
+def test_a_missing_bucket_is_one_line_and_nothing_is_written(gcs_server, tmp_path):
+  """A gs:// path whose bucket does not exist (here on the GCS emulator) stops
+  each entry point with one line before any work; no local ``gs:`` folder
+  (the old behaviour wrote one without a word)."""
+  from tests.gcs_emulator import emulator_env
+  env = emulator_env(dict(os.environ, PYTHONPATH=ROOT))
+  cases = [("train", "--config=configs/demo.py:runlocal", "--workdir=gs://no-such-bkt/run"),
+           ("evaluate", "--workdir=gs://no-such-bkt/eval"),
+           ("export_hf", f"--workdir={tmp_path}", "--out=gs://no-such-bkt/hf")]
+  for module, *args in cases:
+    p = subprocess.run([sys.executable, "-m", f"paraagent_jax.{module}", *args], cwd=ROOT,
+                       capture_output=True, text=True, timeout=600, env=env)
+    assert p.returncode == 1, (module, p.stderr[-500:])
+    (line,) = p.stderr.strip().splitlines()
+    assert line == (f"paraagent_jax.{module}: error: {args[-1].split('=', 1)[1]}: no "
+                    f"bucket gs://no-such-bkt (or no access to it)"), line
+  assert not os.path.exists(os.path.join(ROOT, "gs:"))
