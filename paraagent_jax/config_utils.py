@@ -444,7 +444,7 @@ def demonstration_defaults() -> ml_collections.ConfigDict:
   c.obs_format = "full"
   # The SFT source (paraagent_jax.data.demonstrations).
   c.data_dir = ""
-  c.tfds_dir = ""               # "" = data_dir/tfds
+  c.tfds_dir = ""               # "" = data_dir/tfds (a local cache for gs://)
   c.tokenizer = ""              # "" = data_dir/tokenizer (trained if absent)
   c.tokenizer_vocab_size = 4096
   c.overlong = "drop"           # "drop" | "truncate" rows over seq_len

@@ -42,7 +42,8 @@ epochs before. Still a pure function of (seed, position): resuming is exact.
     is trained (`demo_tokenizer.train_demo_tokenizer`) when it does not exist.
   tokenizer_vocab_size: vocabulary of that trained tokenizer (default 4096).
   catalog: the TFDS builder config (default "procedural").
-  tfds_dir: TFDS data directory; "" means ``<data_dir>/tfds``.
+  tfds_dir: TFDS data directory; "" means ``<data_dir>/tfds`` (for a bucket
+    data_dir, a local cache: `LOCAL_TFDS_CACHE`).
   overlong: "drop" (default) or "truncate" for conversations over seq_len.
   length_bucket: 0 (default: every batch is seq_len long), an int L (buckets
     at the multiples of L) or a string of lengths "512,768,1024" (seq_len is
@@ -87,6 +88,7 @@ epochs before. Still a pure function of (seed, position): resuming is exact.
 from __future__ import annotations
 
 import bisect
+import hashlib
 import os
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -406,6 +408,21 @@ class DemonstrationSFTData:
     return out
 
 
+# Where a bucket's demonstrations are prepared for reading: a local cache,
+# one folder per data_dir (rebuilt from the bucket's JSONL when they change).
+LOCAL_TFDS_CACHE = os.path.join(
+    os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")),
+    "paraagent_jax", "tfds")
+
+
+def _default_tfds_dir(data_dir: str) -> str:
+  """``data_dir/tfds``; for a bucket a local cache folder named by it."""
+  if not fileio.is_remote(data_dir):
+    return os.path.join(data_dir, "tfds")
+  key = hashlib.sha256(data_dir.rstrip("/").encode()).hexdigest()[:16]
+  return os.path.join(LOCAL_TFDS_CACHE, key)
+
+
 def load_demonstrations(data_config, split: str) -> list[dict[str, Any]]:
   """Decoded records of a split from TFDS, building the dataset if needed."""
   data_config = _data(data_config)
@@ -415,8 +432,13 @@ def load_demonstrations(data_config, split: str) -> list[dict[str, Any]]:
                      "demonstrations_<split>.jsonl")
   if split not in _SPLIT_ALIASES:
     raise ValueError(f"split={split!r}; choose from {sorted(_SPLIT_ALIASES)}")
-  tfds_dir = data_config.tfds_dir or os.path.join(data_dir,
-                                                               "tfds")
+  tfds_dir = data_config.tfds_dir or _default_tfds_dir(data_dir)
+  if fileio.is_remote(tfds_dir):
+    raise ValueError(f"data.tfds_dir={tfds_dir}: the prepared TFDS files "
+                     f"(array_record) are written and read on the local disk "
+                     f"only (array_record has no gs:// support without "
+                     f"TensorFlow); leave data.tfds_dir empty to cache them "
+                     f"under {LOCAL_TFDS_CACHE}")
   builder = tfds_builders.build_dataset(
       "demonstrations", data_dir, tfds_dir,
       config=data_config.catalog)
