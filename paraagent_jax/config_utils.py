@@ -267,6 +267,10 @@ def train_defaults() -> ml_collections.ConfigDict:
   c.init_from = ""
   # Multi-host: "auto" initialises jax.distributed on a multi-host TPU slice.
   c.distributed = "auto"     # "auto" | "on" | "off"
+  # Several processes: one that sends no heartbeat for this long (killed,
+  # crashed, cut off) stops the others, each with one line naming it
+  # (paraagent_jax/trainer/liveness.py); rerun to resume from the last checkpoint.
+  c.host_timeout_s = 120.0
 
   c.model = ml_collections.ConfigDict()
   c.model.preset = "tiny"    # a paraagent_jax.models.qwen3 preset

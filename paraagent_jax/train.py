@@ -37,6 +37,7 @@ from paraagent_jax import interrupts
 from paraagent_jax import metrics as metrics_lib
 from paraagent_jax import rundir
 from paraagent_jax.models import attention as attention_lib
+from paraagent_jax.trainer import liveness
 from paraagent_jax.trainer import pipeline
 from paraagent_jax.trainer import state as state_lib
 
@@ -77,15 +78,23 @@ def main(argv) -> None:
     cli.fail(PROG, "--config and --workdir are required")
   cli.check_paths(PROG, cli.WORKDIR.value)
   try:
-    state_lib.maybe_initialize_distributed(config.get("distributed", "auto"))
+    state_lib.maybe_initialize_distributed(config.get("distributed", "auto"),
+                                           float(config.get("host_timeout_s", 120)), PROG)
     workdir = fileio.abspath(cli.WORKDIR.value)
     # One run per workdir (primary host only: the hosts of a job share it).
     with rundir.held(workdir, enabled=jax.process_index() == 0), \
         interrupts.graceful():
       pipeline.run(config, workdir)
+    liveness.finished()
   except USER_ERRORS as e:
     cli.fail(PROG, str(e))
+  except jax.errors.JaxRuntimeError:
+    # Several processes: a collective failed, most often because another
+    # process is gone; the watchdog then names it in one line.
+    liveness.wait_for_verdict()
+    raise
   except interrupts.Interrupted as e:
+    liveness.finished()   # every process stops at the same step
     sys.stdout.flush()
     print(f"{PROG}: {e}", file=sys.stderr, flush=True)
     sys.exit(130)

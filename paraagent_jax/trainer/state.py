@@ -10,6 +10,7 @@ shardings) -> `device_batch` per step.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from typing import Any
@@ -17,18 +18,22 @@ from typing import Any
 from absl import logging
 from flax import nnx
 import jax
+from jax.experimental import multihost_utils
 import jax.numpy as jnp
 import numpy as np
 
 from paraagent_jax import checkpoint as ckpt_lib
 from paraagent_jax import config_utils
+from paraagent_jax import interrupts
 from paraagent_jax import rundir
 from paraagent_jax import sharding as shd
 from paraagent_jax.learner import step as ts
 from paraagent_jax.models import qwen3
+from paraagent_jax.trainer import liveness
 
 
-def maybe_initialize_distributed(mode: str = "auto") -> None:
+def maybe_initialize_distributed(mode: str = "auto", host_timeout_s: float = 120.0,
+                                 prog: str = "paraagent_jax.train") -> None:
   """Calls `jax.distributed.initialize` on multi-host runs (or if asked).
 
   ``mode``: the config's ``distributed``: "auto" (on a multi-host slice, or
@@ -36,17 +41,55 @@ def maybe_initialize_distributed(mode: str = "auto") -> None:
   coordinator's address from the environment but not ``JAX_NUM_PROCESSES``
   or ``JAX_PROCESS_ID`` (set by `paraagent_jax.local_pod`), so they are
   passed here; where unset, JAX detects them (a Cloud TPU slice).
+
+  ``host_timeout_s``: the config's ``host_timeout_s``. On several processes a
+  `liveness.Watchdog` starts: a process that sends no heartbeat for that long
+  stops the others, each with one line naming it (``prog: error: ...``);
+  JAX's own heartbeat timeout is set above it.
   """
   if mode not in ("auto", "on", "off"):
     raise config_utils.ConfigError(f"distributed={mode!r}; expected auto, on "
                                    f"or off")
+  if not host_timeout_s > 0:
+    raise config_utils.ConfigError(f"host_timeout_s={host_timeout_s}; expected "
+                                   "seconds > 0")
   hosts = os.environ.get("TPU_WORKER_HOSTNAMES", "")
   multi_host = "," in hosts or "JAX_COORDINATOR_ADDRESS" in os.environ
   if mode == "on" or (mode == "auto" and multi_host):
     count, index = (os.environ.get(k) for k in ("JAX_NUM_PROCESSES", "JAX_PROCESS_ID"))
-    jax.distributed.initialize(os.environ.get("JAX_COORDINATOR_ADDRESS"),
-                               num_processes=int(count) if count else None,
-                               process_id=int(index) if index else None)
+    jax.distributed.initialize(
+        os.environ.get("JAX_COORDINATOR_ADDRESS"),
+        num_processes=int(count) if count else None,
+        process_id=int(index) if index else None,
+        heartbeat_timeout_seconds=liveness.jax_heartbeat_timeout(host_timeout_s))
+    liveness.start(host_timeout_s, prog)
+
+
+def stop_requested() -> bool:
+  """Whether the loop stops after this step: Ctrl-C or SIGTERM reached this
+  process (`interrupts.requested`), or, on several processes, any of them.
+
+  On several processes this is a collective (every process calls it after
+  the same steps) and all get the same answer, so they stop, and save, at
+  the same step. On one process it is `interrupts.requested` alone.
+  """
+  asked = bool(interrupts.requested())
+  if jax.process_count() == 1:
+    return asked
+  return bool(np.any(multihost_utils.process_allgather(np.int32(asked))))
+
+
+@contextlib.contextmanager
+def primary_first(name: str):
+  """Runs the body on process 0, then on the others: what process 0 writes
+  there (a built dataset, a trained tokenizer) the others then read. A
+  barrier named ``name``; nothing on one process."""
+  later = jax.process_count() > 1 and jax.process_index() != 0
+  if later:
+    multihost_utils.sync_global_devices(name)
+  yield
+  if jax.process_count() > 1 and not later:
+    multihost_utils.sync_global_devices(name)
 
 
 @dataclasses.dataclass(frozen=True)
