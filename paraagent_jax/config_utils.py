@@ -351,7 +351,9 @@ def train_defaults() -> ml_collections.ConfigDict:
   c.pipeline.sft2 = ml_collections.ConfigDict()
   # Test hooks, off by default. nan_at_step=N > 0: the parameters turn to
   # NaN right before optimizer step N (SFT and RL), to test the NaN stop.
-  c.debug = ml_collections.ConfigDict(dict(nan_at_step=0))
+  # rows_log=DIR: each SFT process appends the ids of the rows it trained on,
+  # one JSON line per step, to DIR/rows_<process>.jsonl.
+  c.debug = ml_collections.ConfigDict(dict(nan_at_step=0, rows_log=""))
   return c
 
 

@@ -375,17 +375,44 @@ class DemonstrationSFTData:
     return warmup.opening_turn_rows(rows, t, self._pad, self._im_start, self.turn_count,
                                     with_system=self.turn_system)
 
+  def _locate(self, index: int) -> tuple[str, int]:
+    """What batch ``index`` is: ("copy", i) copy batch i, ("turns", i)
+    opening-turns batch i or ("demos", i) demonstrations batch i."""
+    if index < self.copy_warmup:
+      return "copy", index
+    if index < self.copy_warmup + self.turn_warmup:
+      return "turns", index - self.copy_warmup
+    is_copy, index = self._interleaved(index - self.copy_warmup - self.turn_warmup)
+    return ("copy" if is_copy else "demos"), index
+
+  def row_ids(self, index: int) -> list:
+    """The demonstrations of batch ``index``'s rows on this host: an id per
+    row (a list of ids per packed row; "turns:<id>" for an opening-turns
+    row); [] for a copy batch, whose rows are synthetic."""
+    kind, i = self._locate(index)
+    if kind == "copy":
+      return []
+    rows = self.turn_rows if kind == "turns" else self.batch_size
+    first = (i * self._process_count + self._process_index) * rows
+    if kind == "turns":
+      return [f"turns:{self.ids[self.example_index(first + r)]}" for r in range(rows)]
+    if self.pack:
+      return [[self.ids[k] for k in self.packed_row(first + r)] for r in range(rows)]
+    return [self.ids[self.example_index(first + r)] for r in range(rows)]
+
+  def last_row_ids(self) -> list:
+    """`row_ids` of the batch last yielded (the ``debug.rows_log`` hook)."""
+    return self.row_ids(self._next_batch - 1)
+
   def batch(self, index: int) -> dict[str, np.ndarray]:
     """Batch number ``index`` (this host's rows), without moving."""
-    if index < self.copy_warmup:
-      return self.copy_batch(index)
-    if index < self.copy_warmup + self.turn_warmup:
-      return self.turn_batch(index - self.copy_warmup)
+    kind, i = self._locate(index)
+    if kind == "copy":
+      return self.copy_batch(i)
+    if kind == "turns":
+      return self.turn_batch(i)
     b, t = self.batch_size, self.batch_len(index)
-    is_copy, index = self._interleaved(index - self.copy_warmup - self.turn_warmup)
-    if is_copy:
-      return self.copy_batch(index)
-    first = (index * self._process_count + self._process_index) * b
+    first = (i * self._process_count + self._process_index) * b
     if self.pack:
       return packing.pack_rows(
           [[self._example(k) for k in self.packed_row(first + r)]

@@ -96,12 +96,21 @@ class SyntheticSFTData:
                        f"split={self._split!r}")
     self._next_batch = int(state["next_batch"])
 
+  def row_ids(self, index: int) -> list[int]:
+    """The rows of batch ``index`` on this host: their numbers in the stream
+    (global batch ``index`` is rows ``index * B`` to ``(index + 1) * B - 1``
+    of all hosts together, host ``h``'s share the ``h``-th slice)."""
+    first = (index * self._process_count + self._process_index) * self.batch_size
+    return list(range(first, first + self.batch_size))
+
+  def last_row_ids(self) -> list[int]:
+    """`row_ids` of the batch last yielded (the ``debug.rows_log`` hook)."""
+    return self.row_ids(self._next_batch - 1)
+
   def batch(self, index: int) -> dict[str, np.ndarray]:
     """Batch number ``index`` (this host's rows), without moving."""
     rows = []
-    for r in range(self.batch_size):
-      row = ((index * self._process_count + self._process_index)
-             * self.batch_size + r)
+    for row in self.row_ids(index):
       rng = np.random.default_rng(
           [self._seed, _SPLIT_OFFSETS[self._split], row])
       rows.append(make_example(rng, self.seq_len, self.vocab_size,

@@ -29,6 +29,7 @@ typed `specs.SFTSpec`.
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import time
 
@@ -81,10 +82,13 @@ def make_sft_data(spec: specs.SFTSpec, split: str, seed_offset: int = 0):
   if spec.batch_size % count:
     raise config_utils.ConfigError(f"batch_size={spec.batch_size} is not "
                                    f"divisible by {count} hosts")
-  return module.make_sft_data(
-      spec.data, split=split, batch_size=spec.batch_size // count,
-      seq_len=spec.seq_len, seed=spec.data_seed + seed_offset,
-      process_index=jax.process_index(), process_count=count)
+  # Process 0 first: what a source builds on first use (a TFDS dataset, a
+  # tokenizer) is built once, then read by the others.
+  with state_lib.primary_first(f"sft data {split}"):
+    return module.make_sft_data(
+        spec.data, split=split, batch_size=spec.batch_size // count,
+        seq_len=spec.seq_len, seed=spec.data_seed + seed_offset,
+        process_index=jax.process_index(), process_count=count)
 
 
 def validation_metrics(eval_step, ts_state, spec: specs.SFTSpec, mesh) -> dict[str, float]:
@@ -138,12 +142,14 @@ def train_sft(spec: specs.SFTSpec, workdir: str, mesh) -> dict[str, float]:
       workdir, total_steps=spec.total_steps, start_step=t.step,
       tensorboard=spec.tensorboard, progress=spec.progress,
       is_primary=jax.process_index() == 0)
+  rows_log = RowsLog(spec.rows_log)
   step_rng = jax.random.fold_in(t.rng, 1)
   last: dict[str, float] = {}
   prev_loss = None
   try:
     for step in range(t.step + 1, spec.total_steps + 1):
       batch = next(data)
+      rows_log.write(step, data)
       writer.add_tokens(batch["attention_mask"].sum() * jax.process_count())
       t.state = state_lib.maybe_inject_nan(spec.run.nan_at_step, step, t.state)
       t.state, t.opt_state, out = train_step(
@@ -170,18 +176,20 @@ def train_sft(spec: specs.SFTSpec, workdir: str, mesh) -> dict[str, float]:
         writer.tick(step)
       if spec.eval_every and (step % spec.eval_every == 0 or final):
         writer.write(step, validation_metrics(eval_step, t, spec, mesh), "eval")
-      stop = bool(interrupts.requested())
+      # On several processes: any one's signal stops all at this step.
+      stop = state_lib.stop_requested()
       t.checkpointer.save(step, t.state, t.opt_state,
                           data_state=data.state(), rng=t.rng, force=final or stop)
       if stop and not final:
         raise interrupts.Interrupted(f"at step {step}", f"resume from step {step}")
   finally:
     writer.close()
+    rows_log.close()
     t.checkpointer.close()
   if last:
     print(f"sft: done at step {t.step}, loss {last.get('loss', float('nan')):.6f}"
           f", {last.get('tokens_per_sec', 0.0):.0f} tokens/s", flush=True)
-  if interrupts.requested():
+  if state_lib.stop_requested():
     raise interrupts.Interrupted(f"after the last step ({t.step}, saved)",
                                  "run the held-out evaluation")
   if spec.heldout is not None:
@@ -201,10 +209,12 @@ def ensure_demonstrations(config, workdir: str) -> bool:
   if data.source != "demonstrations" or data.get("data_dir", ""):
     return False
   out = os.path.join(workdir, DEMOS_DIR)
-  if not fileio.exists(os.path.join(out, "stats.json")):
-    print(f"sft: data.data_dir is empty: building the demonstrations in {out}",
-          flush=True)
-    coldstart_build.build_demonstrations(config, out)
+  # Process 0 builds them; the others wait, then read them.
+  with state_lib.primary_first("sft demonstrations"):
+    if jax.process_index() == 0 and not fileio.exists(os.path.join(out, "stats.json")):
+      print(f"sft: data.data_dir is empty: building the demonstrations in {out}",
+            flush=True)
+      coldstart_build.build_demonstrations(config, out)
   data.data_dir = out
   return True
 
@@ -237,5 +247,26 @@ def heldout_eval(spec: specs.SFTSpec, workdir: str, graphdef, state) -> dict[str
   result["eval_seconds"] = round(time.time() - t0, 1)
   print(f"sft: greedy ParaAct on {len(held.tasks)} held-out test tasks "
         f"({result['eval_seconds']:.0f}s):\n{format_eval(result)}", flush=True)
-  fileio.write_json_atomic(os.path.join(workdir, EVAL_FILE), result, default=None)
+  if jax.process_index() == 0:
+    fileio.write_json_atomic(os.path.join(workdir, EVAL_FILE), result, default=None)
   return result
+
+
+class RowsLog:
+  """The ``debug.rows_log`` hook: appends, per step, the ids of the rows this
+  process trained on (the source's ``last_row_ids()``) to
+  ``DIR/rows_<process>.jsonl``; nothing when ``directory`` is "". A resumed
+  run appends after the killed one's lines: the last line of a step wins."""
+
+  def __init__(self, directory: str):
+    self._file = (fileio.AppendFile(os.path.join(directory, f"rows_{jax.process_index()}.jsonl"))
+                  if directory else None)
+
+  def write(self, step: int, data) -> None:
+    if self._file is not None:
+      self._file.write(json.dumps({"step": step, "process": jax.process_index(),
+                                   "rows": data.last_row_ids()}) + "\n")
+
+  def close(self) -> None:
+    if self._file is not None:
+      self._file.close()

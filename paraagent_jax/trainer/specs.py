@@ -126,6 +126,7 @@ class SFTSpec:
   tokenizer: str                # the run's tokenizer ("" = none: synthetic data)
   progress: bool
   tensorboard: bool
+  rows_log: str = ""            # debug.rows_log: each process's rows, per step ("" = off)
 
 
 def sft_spec(config) -> SFTSpec:
@@ -142,7 +143,8 @@ def sft_spec(config) -> SFTSpec:
       eval_every=int(config.eval_every), eval_batches=int(config.eval_batches),
       heldout=heldout_spec(config, n_eval) if n_eval else None,
       tokenizer=rundir.tokenizer_dir(config) if n_eval else "",
-      progress=bool(config.progress), tensorboard=bool(config.tensorboard))
+      progress=bool(config.progress), tensorboard=bool(config.tensorboard),
+      rows_log=str((config.get("debug") or {}).get("rows_log", "") or ""))
 
 
 # ----------------------------------------------------------------------------
