@@ -284,7 +284,16 @@ def load_model(path: str, vocab_size: int = 0, step: int | None = None
     raise config_utils.ConfigError(f"{path}: neither an HF directory nor a training "
                                    "workdir with checkpoints")
   run_cfg = load_run_config(path)
-  run_cfg.init_from = ""
+  # The architecture of a run that started from an HF directory is that
+  # directory's config.json (the run's model.* keys are overrides on it):
+  # keep init_from for it while it exists; the weights come from the
+  # checkpoint below, never from init_from.
+  try:
+    started_from_hf = check_init_from(run_cfg.get("init_from", "")) == "hf"
+  except config_utils.ConfigError:
+    started_from_hf = False
+  if not started_from_hf:
+    run_cfg.init_from = ""
   vocab = int(run_cfg.model.get("vocab_size", 0)) or int(vocab_size) or int(
       run_cfg.data.get("vocab_size", 0))
   model_cfg = model_config(run_cfg, vocab_size=vocab)

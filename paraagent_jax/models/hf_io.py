@@ -363,7 +363,7 @@ def save_hf(model: qwen3.Qwen3, out_dir: str, tokenizer=None,
     current[key] = w
     size += w.nbytes
   shards.append(current)
-  for stale in fileio.listdir(out_dir):
+  for stale in fileio.listdir(out_dir) if fileio.isdir(out_dir) else ():
     if stale.endswith(".safetensors") or stale == INDEX_FILE:
       fileio.remove(os.path.join(out_dir, stale))
   names = []

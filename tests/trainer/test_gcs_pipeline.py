@@ -4,9 +4,9 @@ emulator (tests/gcs_emulator.py), the way a TPU pod's hosts share one.
 The runlocal pipeline from scratch (demos -> SFT -> RL), then `evaluate`
 of its RL checkpoint and `export_hf` of it, all reading and writing the
 bucket; the exported HF directory loads back from the bucket. Nothing of the
-run lands on the local disk: no ``gs:`` folder in the working directory,
-and the temporary directory the commands were given stays empty (the
-tokenizer's temporary local copies are removed).
+run lands on the local disk outside the documented caches: no ``gs:`` folder
+in the working directory, and no file in the temporary directory the
+commands were given (the tokenizer's temporary local copies are removed).
 """
 
 import os
@@ -67,4 +67,9 @@ def test_runlocal_pipeline_evaluate_and_export_on_a_bucket(gcs_bucket, tmp_path)
 
   assert not os.path.exists(cwd / "gs:"), os.listdir(cwd)
   assert not os.path.exists(os.path.join(ROOT, "gs:"))
-  assert os.listdir(tmp) == [], os.listdir(tmp)
+  # No file in the temporary directory. TFDS leaves empty ones of its own
+  # (dataset_info.initialize_from_bucket: a mkdtemp("tfds") it never removes,
+  # also on a local run).
+  left = [os.path.join(d, f) for d, _, files in os.walk(tmp) for f in files]
+  assert left == [], left
+  assert all(n.endswith("tfds") for n in os.listdir(tmp)), os.listdir(tmp)

@@ -121,6 +121,13 @@ def test_smoke_run_rl_updates_and_reports_spread(tmp_path):
             if "train/loss" in r]
   assert row["train/rollout/traj_spread_groups"] > 0, row
   assert row["train/dropped_episode_frac"] < 1.0 and row["train/grad_norm"] > 0, row
+  # The workdir loads back (what evaluate --checkpoint and export_hf do): its
+  # architecture is the shipped HF directory's, not the config's preset (the
+  # loader dropped init_from and built the preset, which failed to restore).
+  from paraagent_jax import rundir  # pylint: disable=g-import-not-at-top
+  model, step = rundir.load_model(str(tmp_path))
+  assert step == 1
+  assert model.config.to_hf_dict() == hf_io.load_hf(SHIPPED).config.to_hf_dict()
 
 
 SHIPPED_RL = os.path.join(ROOT, "pretrained", "demo_rl")
