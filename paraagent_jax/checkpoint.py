@@ -31,6 +31,7 @@ from typing import Any, Mapping
 
 from absl import logging
 import jax
+from jax.experimental import multihost_utils
 import numpy as np
 import orbax.checkpoint as ocp
 
@@ -244,14 +245,19 @@ class Checkpointer:
     return None
 
   def _set_aside(self, failures, good_step) -> None:
+    # Several processes share the directory: process 0 moves the steps, the
+    # others wait for it (every process found the same steps unreadable).
     for step, why in failures:
       src = self.step_path(step)
       dst = os.path.join(self.directory, f"corrupt-{step}")
-      fileio.rename(src, dst)
+      if jax.process_index() == 0:
+        fileio.rename(src, dst)
       logging.warning("moved unreadable checkpoint %s to %s; resuming from "
                       "step %d", src, dst, good_step)
       print(f"checkpoint: step {step} unreadable ({why}), moved to {dst}; "
             f"resuming from step {good_step}", flush=True)
+    if jax.process_count() > 1:
+      multihost_utils.sync_global_devices("checkpoint: unreadable steps set aside")
     # The manager caches its step list; reopen it on the cleaned directory.
     self._manager.close()
     self._manager = self._make_manager()
