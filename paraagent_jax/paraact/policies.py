@@ -70,7 +70,14 @@ class Policy(abc.ABC):
 
 
 class JaxPolicy(Policy):
-  """Samples from a Flax model with a batch KV cache kept across turns."""
+  """Samples from a Flax model with a batch KV cache kept across turns.
+
+  ``rows`` (attribute, default None): ``(offset, total)`` when this policy's
+  episodes are rows ``offset ..`` of a batch of ``total`` episodes that
+  several hosts sample together from one seed (an RL rollout split over a
+  pod's hosts): each episode then draws the random numbers it draws in the
+  whole batch on one host (`Sampler.generate`'s ``rows``).
+  """
 
   name = "jax"
 
@@ -89,6 +96,7 @@ class JaxPolicy(Policy):
     self._state = None
     self._stats = {}
     self._num = 0
+    self.rows: tuple[int, int] | None = None
 
   def update_model(self, model) -> None:
     """Samples from new weights from the next reset on (RL: current parameters)."""
@@ -116,7 +124,7 @@ class JaxPolicy(Policy):
         self._state, self.max_turn_tokens, temperature=self.temperature,
         top_k=self.top_k, top_p=self.top_p,
         stop_sequences=self.fmt.stop_sequences, active=active,
-        pad_token_id=self.fmt.pad_id, draw=self.draw)
+        pad_token_id=self.fmt.pad_id, draw=self.draw, rows=self.rows)
     self._state = out.state
     results = []
     for r in requests:

@@ -109,8 +109,32 @@ def inverse_cdf_choice(x, key, block: int = DRAW_BLOCK):
   return (bi * block + j).astype(jnp.int32)
 
 
+def draw_rows(choose, x, rows: tuple[int, int] | None):
+  """``choose(x)`` ([B, N] -> [B] indices, row by row) for rows ``offset ..
+  offset + B`` of a batch of ``total`` (``rows``; None: ``choose(x)``).
+
+  ``x`` is zero-padded to ``[total, N]`` and its rows of the result are kept:
+  a random draw keyed by one key for the whole ``[total, N]`` array (Gumbel
+  noise, one uniform per row) gives these rows the numbers they get in the
+  whole batch, whatever the split. The cost: the draw for all ``total`` rows
+  on every host (on the CPU demo, ~B x V random numbers a decode step more).
+  A pod of large models would rather key each row by its global index
+  (``fold_in(key, row)``), so a host draws only its own rows; that changes
+  the single-host random stream, which the recorded runs are compared with.
+  """
+  if rows is None:
+    return choose(x)
+  offset, total = int(rows[0]), int(rows[1])
+  b = x.shape[0]
+  if offset < 0 or offset + b > total:
+    raise ValueError(f"rows {offset}..{offset + b} outside a batch of {total}")
+  padded = jnp.pad(x, ((offset, total - offset - b),) + ((0, 0),) * (x.ndim - 1))
+  return choose(padded)[offset:offset + b]
+
+
 def sample_token(logits, key, temperature, top_p, *, greedy: bool, top_k: int,
-                 use_top_p: bool, draw: str = "gumbel"):
+                 use_top_p: bool, draw: str = "gumbel",
+                 rows: tuple[int, int] | None = None):
   """Samples one token per row; returns (token, log-prob under the sampled dist).
 
   Warpers are applied in the order of transformers (temperature, top-k, top-p);
@@ -118,6 +142,13 @@ def sample_token(logits, key, temperature, top_p, *, greedy: bool, top_k: int,
   `top_p` (the token that crosses the threshold is kept). ``draw``: "gumbel"
   (`jax.random.categorical`) or "inverse_cdf" (`inverse_cdf_choice`: the same
   distribution, one uniform per row, another random stream).
+
+  ``rows``: ``(offset, total)``: these B rows are rows ``offset .. offset+B``
+  of a batch of ``total`` rows sampled with the same key (one host's share of
+  a rollout batch split over hosts): the draw is made for all ``total`` rows
+  (the others' logits are zeros) and these rows' choices kept, so each row
+  gets exactly the random numbers it gets in the whole batch on one host
+  (`draw_rows`). None: the B rows are the whole batch.
   """
   if greedy:
     tok = argmax(logits)
@@ -136,9 +167,9 @@ def sample_token(logits, key, temperature, top_p, *, greedy: bool, top_k: int,
   else:
     vals, idx = x, None
   if draw == "inverse_cdf":
-    choice = inverse_cdf_choice(vals, key)
+    choice = draw_rows(lambda v: inverse_cdf_choice(v, key), vals, rows)
   elif draw == "gumbel":
-    choice = jax.random.categorical(key, vals, axis=-1)
+    choice = draw_rows(lambda v: jax.random.categorical(key, v, axis=-1), vals, rows)
   else:
     raise ValueError(f"draw={draw!r}; expected one of {DRAWS}")
   proc_lp = jnp.take_along_axis(jax.nn.log_softmax(vals, axis=-1),
@@ -173,7 +204,7 @@ def decode_loop_init(budget, n_buf: int, width: int, pad_id: int):
 def decode_fn(graphdef, params, cache, next_logits, key, loop, budget,
               stop_seqs, stop_mask, temperature, top_p, decode_weights=None, *,
               greedy: bool, top_k: int, use_top_p: bool, pad_id: int,
-              draw: str = "gumbel"):
+              draw: str = "gumbel", rows: tuple[int, int] | None = None):
   """Decode loop on device: samples until every row stopped or ran out of budget.
 
   `loop` is `decode_loop_init`'s state (or one this function returned); the
@@ -186,7 +217,9 @@ def decode_fn(graphdef, params, cache, next_logits, key, loop, budget,
   are stop sequences right-aligned in a window of the last W generated
   tokens, with `stop_mask` marking their real positions (stop ids are
   sequences of length 1). `decode_weights`: None, or `decode_weights_fn`'s
-  out-major weights (the sampler builds them once per set of weights). The
+  out-major weights (the sampler builds them once per set of weights).
+  `rows`: ``(offset, total)`` of these rows in a batch split over hosts
+  (`sample_token`); None: the rows are the whole batch. The
   cache is carried through the loop and updated in place; attention reads it
   block by block (no copy of it or of a layer).
 
@@ -210,7 +243,7 @@ def decode_fn(graphdef, params, cache, next_logits, key, loop, budget,
       logits = logits.T
     tok, plp = sample_token(logits, jax.random.fold_in(key, i), temperature,
                             top_p, greedy=greedy, top_k=top_k,
-                            use_top_p=use_top_p, draw=draw)
+                            use_top_p=use_top_p, draw=draw, rows=rows)
     return tok, token_logprob(logits, tok), plp
 
   # With decode weights (the CPU), a step's LM head writes its product [V, B]
@@ -269,5 +302,5 @@ APPEND_JIT = jax.jit(append_fn, donate_argnums=(2, 3))
 DECODE_WEIGHTS_JIT = jax.jit(decode_weights_fn)
 DECODE_JIT = jax.jit(
     decode_fn, donate_argnums=(2, 3),
-    static_argnames=("greedy", "top_k", "use_top_p", "pad_id", "draw"))
+    static_argnames=("greedy", "top_k", "use_top_p", "pad_id", "draw", "rows"))
 RESIZE_JIT = jax.jit(resize_cache_fn, static_argnames=("capacity",))

@@ -317,7 +317,8 @@ class Sampler:
                top_p: float = 1.0, stop_token_ids: Sequence[int] = (),
                stop_sequences: Sequence[Sequence[int]] = (),
                active: Sequence[bool] | None = None, pad_token_id: int = 0,
-               draw: str = "gumbel") -> GenerateOutput:
+               draw: str = "gumbel", rows: tuple[int, int] | None = None
+               ) -> GenerateOutput:
     """Generates from the current state of every active row.
 
     Args:
@@ -336,6 +337,12 @@ class Sampler:
       draw: how a sampled token is drawn: "gumbel" (`jax.random.categorical`)
         or "inverse_cdf" (one uniform per row; the same distribution, another
         random stream; `programs.inverse_cdf_choice`).
+      rows: ``(offset, total)``: this sampler's rows are rows ``offset ..
+        offset + batch_size`` of a batch of ``total`` sampled on several
+        hosts from the same seed (an RL rollout split over the hosts of a
+        pod); each row draws the random numbers it draws in the whole batch
+        on one host (`programs.draw_rows`). None (the default): the rows
+        are the whole batch. Greedy decoding ignores it.
 
     Returns:
       A `GenerateOutput`; `.state` continues the batch.
@@ -365,6 +372,13 @@ class Sampler:
     static = dict(greedy=greedy, top_k=0 if greedy else int(top_k),
                   use_top_p=(not greedy) and float(top_p) < 1.0,
                   pad_id=int(pad_token_id), draw="gumbel" if greedy else draw)
+    if rows is not None and not greedy:
+      offset, total = int(rows[0]), int(rows[1])
+      if offset < 0 or offset + bsz > total:
+        raise ValueError(f"rows={rows}: {bsz} rows from {offset} do not fit in "
+                         f"a batch of {total}")
+      if (offset, total) != (0, bsz):
+        static["rows"] = (offset, total)
     loop = programs.decode_loop_init(budget, n_buf, width, int(pad_token_id))
     decode_w = self._decode_weights(state.stats)
     stats = state.stats

@@ -272,6 +272,60 @@ def test_sampling_seeded_and_restricted(models):
     np.testing.assert_allclose(s.processed_logprobs[r, 0], want, atol=1e-4)
 
 
+@pytest.mark.parametrize("draw,extra", [("gumbel", {}), ("inverse_cdf", {}),
+                                         ("gumbel", {"top_k": 5, "use_top_p": True})])
+def test_sample_token_rows_of_a_split_batch_draw_as_in_the_whole_batch(draw, extra):
+  """``rows=(offset, total)``: each row's token is the one it gets in the
+  whole batch drawn with the same key; alone, the rows are another stream."""
+  logits = jnp.asarray(np.random.RandomState(1).randn(8, 300).astype(np.float32) * 3)
+  key = jax.random.key(5)
+  kw = dict(greedy=False, top_k=0, use_top_p=False, draw=draw)
+  kw.update(extra)
+
+  def sample(x, rows=None):
+    return np.asarray(jax.jit(lambda x: programs.sample_token(
+        x, key, 1.3, 0.9, rows=rows, **kw))(x)[0])
+
+  whole = sample(logits)
+  np.testing.assert_array_equal(
+      np.concatenate([sample(logits[:3], (0, 8)), sample(logits[3:], (3, 8))]), whole)
+  assert not np.array_equal(sample(logits[3:]), whole[3:])
+  with pytest.raises(ValueError, match="outside"):
+    sample(logits[3:], (4, 8))
+
+
+@pytest.mark.slow
+def test_rows_of_a_split_batch_draw_as_in_the_whole_batch(models):
+  """A batch sampled in two halves (``rows``: a rollout split over two
+  hosts, one seed) gives each row the tokens it gets in the whole batch,
+  over two turns (an append in between); log-probs up to float rounding."""
+  _, model = models
+  prompts = _prompts(8, [3, 9, 5, 7, 4, 6, 8, 2])
+  kw = dict(temperature=1.3, pad_token_id=-1, top_p=0.95)
+
+  def turns(rows, part):
+    sampler = sampling.Sampler(model, batch_size=len(part), max_len=64)
+    first = sampler.generate(sampler.prefill([prompts[i] for i in part], seed=11), 6,
+                             rows=rows, **kw)
+    second = sampler.generate(sampler.append(first.state, [[3, 4]] * len(part)), 5,
+                              rows=rows, **kw)
+    return first, second
+
+  whole = turns(None, range(8))
+  halves = [turns((lo, 8), range(lo, lo + 4)) for lo in (0, 4)]
+  for t in range(2):
+    for name in ("tokens", "lengths"):
+      got = np.concatenate([getattr(h[t], name) for h in halves])
+      np.testing.assert_array_equal(got, getattr(whole[t], name))
+    got = np.concatenate([h[t].logprobs for h in halves])
+    np.testing.assert_allclose(got, whole[t].logprobs, atol=1e-5)
+  # Halves drawn as whole batches of their own are another stream.
+  alone = turns(None, range(4, 8))
+  assert not np.array_equal(alone[0].tokens, whole[0].tokens[4:])
+  with pytest.raises(ValueError, match="rows"):
+    turns((6, 8), range(4))
+
+
 def _sample_many(logits, n, **kw):
   keys = jax.random.split(jax.random.key(0), n)
   x = jax.numpy.asarray(np.tile(logits, (1, 1)), jax.numpy.float32)
