@@ -33,6 +33,7 @@ from jax.sharding import PartitionSpec as P
 import numpy as np
 import optax
 
+from paraagent_jax import multihost
 from paraagent_jax import sharding as shd
 from paraagent_jax.learner import batch as batch_lib
 
@@ -256,17 +257,29 @@ def build_sorted_train_step(model_graphdef, optimizer: optax.GradientTransformat
   jit_prepare = jax.jit(loss_fns.prepare)
   jit_grad = {}
   jit_update = {}
+  jit_take = {}
+
+  def take(length):
+    """Jitted ``(inputs, rows) -> inputs[rows, :length]``, laid out over the
+    batch axes: one program, not eager indexing of (possibly multi-host)
+    global arrays, which deadlocked two CPU processes (`local_pod`)."""
+    if length not in jit_take:
+      jit_take[length] = jax.jit(
+          lambda inputs, idx: jax.tree.map(lambda x: x[idx, :length], inputs),
+          out_shardings=data_sharding(0, mesh, batch_axes))
+    return jit_take[length]
 
   def step_fn(state, opt_state, batch, rng, ref_state=None):
     del rng  # As in build_train_step.
-    seq_len = np.asarray(jax.device_get(batch.seq_len))
+    # The lengths on the host (gathered from every host's rows when the batch
+    # is a global array spanning several processes: all of them sort alike).
+    seq_len = multihost.host_value(batch.seq_len)
     b = seq_len.shape[0]
     if b % m:
       raise ValueError(f"batch size {b} is not divisible by num_micro_batches={m}")
     inputs, metrics = jit_prepare(batch)
     t = batch.tokens.shape[1]
     order = np.argsort(seq_len, kind="stable")
-    inputs = jax.tree.map(lambda x: x[order], inputs)
     params, rest = split_params(state)
     key = ref_state is None
     if key not in jit_grad:
@@ -276,8 +289,7 @@ def build_sorted_train_step(model_graphdef, optimizer: optax.GradientTransformat
     for k in range(m):
       longest = int(seq_len[order[(k + 1) * rows - 1]])
       length = next((x for x in lengths if longest <= x <= t), t)
-      mb = jax.tree.map(lambda x: x[k * rows:(k + 1) * rows, :length], inputs)
-      mb = jax.device_put(mb, data_sharding(mb, mesh, batch_axes))
+      mb = take(length)(inputs, order[k * rows:(k + 1) * rows].astype(np.int32))
       if acc is None:   # Zeros of (loss, sums), grads: one compiled add per length.
         acc = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype),
                            jax.eval_shape(grad_fn, params, rest, mb, ref_state))
