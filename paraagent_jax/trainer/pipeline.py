@@ -8,6 +8,11 @@
 
 `run(config, workdir)` is the library entry point behind
 ``python -m paraagent_jax.train``.
+
+Several processes (a pod's hosts) run every stage together, except the
+``demos`` stage, which process 0 builds alone (the cold start writes its
+files from every process that runs it); process 0 writes the ``DONE.json``
+markers; after each stage a barrier lets every process read what it wrote.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import ml_collections
 from paraagent_jax import config_utils
 from paraagent_jax import fileio
 from paraagent_jax import interrupts
+from paraagent_jax import multihost
 from paraagent_jax import rundir
 from paraagent_jax.coldstart import build as coldstart_build
 from paraagent_jax.trainer import rl as rl_lib
@@ -31,8 +37,13 @@ DONE_FILE = "DONE.json"
 
 
 def run_demos(config, workdir: str) -> dict:
-  """Builds the demonstrations dataset into ``workdir`` (cold start)."""
-  return coldstart_build.build_demonstrations(config, workdir)
+  """Builds the demonstrations dataset into ``workdir`` (cold start), on
+  process 0 only: the other processes wait for it and read its statistics."""
+  result = {}
+  if multihost.is_primary():
+    result = coldstart_build.build_demonstrations(config, workdir)
+  multihost.barrier("pipeline: demos built")
+  return multihost.allgather_json(result)[0]
 
 
 def run_pipeline(config, workdir: str) -> dict:
@@ -74,7 +85,10 @@ def run_pipeline(config, workdir: str) -> dict:
     # export_hf --workdir read the model config from its config.json.
     rundir.write_config(stage_cfg, sub)
     results[stage] = STAGES[stage](stage_cfg, sub) or {}
-    fileio.write_json_atomic(done, {"stage": stage, "result": results[stage]}, indent=None)
+    if multihost.is_primary():
+      fileio.write_json_atomic(done, {"stage": stage, "result": results[stage]},
+                               indent=None)
+    multihost.barrier(f"pipeline: {stage} done")
     if interrupts.requested() and stage != config.pipeline.stages[-1]:
       raise interrupts.Interrupted(f"after stage {stage} (done)",
                                    "go on from the next stage")

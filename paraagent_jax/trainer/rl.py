@@ -34,6 +34,13 @@ Every optimisation pass's metrics are checked: a NaN/Inf stops the run with
 the step, the metric and the last good checkpoint named, before anything is
 saved (``debug.nan_at_step=N`` injects one, for tests).
 
+Several processes (a pod's hosts; `paraagent_jax.local_pod` on the CPU):
+each rolls out the GRPO groups of the batch rows it holds, on its local
+devices, and evaluates a share of the held-out tasks; the learner's batch is
+one global array of their rows; process 0 writes the files
+(`trainer.hosts`). On one process the rollout runs on the train state's own
+parameters, as it always did.
+
 Inside the pipeline ``config.init_from`` points at the SFT stage. At the end
 the learning curve is saved as ``rl_curve.png`` next to ``metrics.jsonl``,
 the final evaluation as ``rl_eval.json`` and the metadata as ``rl_run.json``.
@@ -56,6 +63,7 @@ from paraagent_jax import config_utils
 from paraagent_jax import fileio
 from paraagent_jax import interrupts
 from paraagent_jax import metrics as metrics_lib
+from paraagent_jax import multihost
 from paraagent_jax import sharding as shd
 from paraagent_jax import tokenizer as tok_lib
 from paraagent_jax.evaluation import heldout
@@ -65,6 +73,7 @@ from paraagent_jax.learner import grpo
 from paraagent_jax.learner import optimizer as optim
 from paraagent_jax.learner import step as ts
 from paraagent_jax.paraact import chat_format, policies, rollout
+from paraagent_jax.trainer import hosts as hosts_lib
 from paraagent_jax.trainer import rl_report
 from paraagent_jax.trainer import rl_tasks
 from paraagent_jax.trainer import specs
@@ -218,23 +227,30 @@ class RLRun:
     # same parameters after a resume); beta = 0 never builds it.
     self.ref_state = (state_lib.initial_model_state(spec.run, self.mesh, self.t.model_config)
                       if spec.grpo.beta > 0 else None)
-    self.primary = jax.process_index() == 0
+    self.primary = multihost.is_primary()
     self.meta = dict(spec.meta)
     try:
+      # Several processes: each rolls out its rows on its own devices.
+      self.hosts = (hosts_lib.Hosts(self.mesh, self.t.model_config, spec.run.rules,
+                                    spec.tasks.per_iteration, spec.tasks.group_size)
+                    if jax.process_count() > 1 else None)
       self.start_it, self.history = resume_history(spec.grpo.levels, self.t.data_state,
                                                    workdir, self.primary)
     except config_utils.ConfigError:
       self.t.checkpointer.close()
       raise
+    multihost.barrier("rl: metrics.jsonl resumed")
     if self.primary:
       fileio.write_json_atomic(os.path.join(workdir, rl_report.RUN_META_FILE), self.meta)
     s = spec.sampling
     self.policy = policies.JaxPolicy(
-        self.model(), self.fmt, max_len=spec.limits.max_len,
+        self.sampling_model(), self.fmt, max_len=spec.limits.max_len,
         max_turn_tokens=spec.limits.max_turn_tokens, temperature=s.temperature,
         top_k=s.top_k, top_p=s.top_p, draw=s.draw)
+    rows = (self.hosts.rows if self.hosts else
+            (0, spec.tasks.per_iteration * spec.tasks.group_size))
     self.env = toolenv.VectorToolEnv(
-        self.train_gen.catalog, num_envs=spec.tasks.per_iteration * spec.tasks.group_size,
+        self.train_gen.catalog, num_envs=rows[1] - rows[0],
         obs_format=spec.obs_format, **toolenv.oracle.env_options(spec.strategy))
     self.writer = None
     self.behaviour: list[str] = []
@@ -242,6 +258,14 @@ class RLRun:
   def model(self):
     """The policy model at the current parameters."""
     return nnx.merge(self.t.graphdef, self.t.state)
+
+  def sampling_model(self):
+    """The model the sampler runs: `model` on one process; on several, a
+    copy on this process's devices (`hosts.Hosts.sampling_model`, a
+    collective)."""
+    if self.hosts is None:
+      return self.model()
+    return self.hosts.sampling_model(self.t.state)
 
   def log(self, it: int, metrics: dict, prefix: str = "train") -> None:
     self.writer.write(it, metrics, prefix)
@@ -269,6 +293,8 @@ class RLRun:
           print(f"rl: held-out greedy success {result['success']:.3f} "
                 f"(multi-tool {result.get('success_multi_tool', 0.0):.3f})", flush=True)
         stop = bool(interrupts.requested())
+        if self.hosts is not None:   # every process stops at the same iteration
+          stop = multihost.any_process(stop)
         if final or stop or (spec.ckpt_every > 0 and it % spec.ckpt_every == 0):
           # The history rides in the checkpoint's JSON: the curve on disk can
           # always be rebuilt to match the parameters it resumes from.
@@ -290,8 +316,9 @@ class RLRun:
     records written (``eval_it<it>.jsonl`` after iteration 0, and
     ``final_file``); the last one also tabulates behaviour against the oracle."""
     if it:
-      self.policy.update_model(self.model())
-    ev = self.heldout.run(self.policy, self.fmt)
+      self.policy.update_model(self.sampling_model())
+    ev = (self.heldout.run(self.policy, self.fmt) if self.hosts is None
+          else hosts_lib.evaluate_share(self.heldout, self.policy, self.fmt))
     per_task = [heldout.paired_record(r) for r in ev.records]
     if self.primary:
       if it:
@@ -313,14 +340,18 @@ class RLRun:
     tasks = rl_tasks.sample_tasks(self.train_gen, it, spec.tasks, self.history)
     group_tasks = [task for task in tasks for _ in range(g)]
     group_ids = [j for j in range(len(tasks)) for _ in range(g)]
-    self.policy.update_model(self.model())
-    res = rollout.run_rollout(self.policy, self.env, group_tasks, self.fmt, spec.limits,
-                              group_ids=group_ids, seed=iteration_seed(t.rng, it))
-    t_roll = time.perf_counter() - t0
-    batch = res.trajectory_batch()
-    if spec.token_budget:
-      batch, _ = batch_lib.apply_token_budget(batch, spec.token_budget)
-    batch = jax.device_put(batch, ts.data_sharding(batch, self.mesh))
+    self.policy.update_model(self.sampling_model())
+    if self.hosts is None:
+      res = rollout.run_rollout(self.policy, self.env, group_tasks, self.fmt, spec.limits,
+                                group_ids=group_ids, seed=iteration_seed(t.rng, it))
+      t_roll = time.perf_counter() - t0
+      batch = res.trajectory_batch()
+      if spec.token_budget:
+        batch, _ = batch_lib.apply_token_budget(batch, spec.token_budget)
+      batch = jax.device_put(batch, ts.data_sharding(batch, self.mesh))
+    else:   # this process's rows; the batch is one global array of every process's
+      res, batch, parts = self.host_rollout(group_tasks, group_ids, iteration_seed(t.rng, it))
+      t_roll = parts[self.hosts.index]["timing"]["total_s"]
     outs = []
     for k in range(spec.passes):
       t.state = state_lib.maybe_inject_nan(spec.run.nan_at_step, t.step + 1, t.state)
@@ -342,6 +373,8 @@ class RLRun:
     m.update(rl_tasks.kind_rollout_metrics(group_tasks, res.episodes))
     m["rollout/traj_spread_groups"] = traj_spread_fraction(res.arrays["traj_reward"], g)
     m.update(behaviour_metrics(res.episodes))
+    if self.hosts is not None:
+      m.update(self.hosts.episode_counts(parts))
     # The sampler/trainer log-prob gap at the first pass (same parameters).
     first = metrics_lib.to_floats(outs[0]) if outs else {}
     for k in ("logp_gap_mean", "logp_gap_max"):
@@ -351,6 +384,22 @@ class RLRun:
     n_groups = len(res.arrays["traj_reward"]) // g
     print(iteration_line(it, spec.iterations, m, n_groups), flush=True)
     return m
+
+  def host_rollout(self, group_tasks, group_ids, seed: int):
+    """This process's rows of the iteration's rollout (its groups, drawing
+    the random numbers they draw in the whole batch); returns (every
+    process's rollout gathered for the metrics, the learner's global batch,
+    each process's part: `hosts.gather_rollout`)."""
+    h = self.hosts
+    self.policy.rows = (h.rows[0], h.num_rows)
+    try:
+      local = rollout.run_rollout(self.policy, self.env, h.share(group_tasks), self.fmt,
+                                  self.spec.limits, group_ids=h.share(group_ids), seed=seed)
+    finally:
+      self.policy.rows = None
+    batch = hosts_lib.global_batch(local, self.mesh, self.spec.token_budget)
+    res, parts = hosts_lib.gather_rollout(local, h.rows[0])
+    return res, batch, parts
 
   def finish(self, result: dict) -> None:
     """The learning curve, the final evaluation, the paired before/after test,
