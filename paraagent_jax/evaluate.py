@@ -34,6 +34,7 @@ from paraagent_jax import fileio
 from paraagent_jax.evaluation import report as report_lib
 from paraagent_jax.evaluation import runner
 from paraagent_jax.evaluation import suite
+from paraagent_jax.trainer import state as state_lib
 
 PROG = "paraagent_jax.evaluate"
 DEFAULT_CONFIG = "configs/evaluate.py"
@@ -74,8 +75,9 @@ def main(argv) -> None:
     if _STEP.value is not None and not _CHECKPOINT.value:
       cli.fail(PROG, "--step needs --checkpoint (a training workdir)")
     cli.check_paths(PROG, cli.WORKDIR.value, _CHECKPOINT.value)
-    suite.run(config, fileio.abspath(cli.WORKDIR.value), _CHECKPOINT.value,
-              transcripts=_TRANSCRIPTS.value, step=_STEP.value)
+    state_lib.on_process_0(PROG, "the evaluation", lambda: suite.run(
+        config, fileio.abspath(cli.WORKDIR.value), _CHECKPOINT.value,
+        transcripts=_TRANSCRIPTS.value, step=_STEP.value))
   except (config_utils.ConfigError, ckpt_lib.CheckpointError, OSError) as e:
     cli.fail(PROG, str(e))
   except KeyboardInterrupt:

@@ -30,6 +30,7 @@ from paraagent_jax import fileio
 from paraagent_jax import rundir
 from paraagent_jax import tokenizer as tok_lib
 from paraagent_jax.models import hf_io
+from paraagent_jax.trainer import state as state_lib
 
 PROG = "paraagent_jax.export_hf"
 _STEP = cli.STEP
@@ -148,13 +149,14 @@ def main(argv) -> None:
     cli.fail(PROG, "--workdir and --out are required")
   cli.check_paths(PROG, cli.WORKDIR.value, _OUT.value)
   try:
-    summary = export(cli.WORKDIR.value, _OUT.value, _STEP.value, _PUSH.value,
-                     _MAX_SHARD.value)
+    summary = state_lib.on_process_0(PROG, "the export", lambda: export(
+        cli.WORKDIR.value, _OUT.value, _STEP.value, _PUSH.value, _MAX_SHARD.value))
   except (ExportError, ckpt_lib.CheckpointError, config_utils.ConfigError,
           OSError, ValueError, KeyError) as e:
     cli.fail(PROG, str(e))
-  print(f"exported step {summary['step']} to {_OUT.value}: "
-        f"{', '.join(summary['files'])}", flush=True)
+  if summary is not None:   # process 0 (the others waited)
+    print(f"exported step {summary['step']} to {_OUT.value}: "
+          f"{', '.join(summary['files'])}", flush=True)
 
 
 if __name__ == "__main__":

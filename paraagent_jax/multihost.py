@@ -13,6 +13,7 @@ single-process run does exactly what it did before these helpers existed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any
 
@@ -31,6 +32,19 @@ def barrier(name: str) -> None:
   process): what one process wrote is then visible to all."""
   if jax.process_count() > 1:
     multihost_utils.sync_global_devices(name)
+
+
+@contextlib.contextmanager
+def primary_first(name: str):
+  """Runs the body on process 0, then on the others: what process 0 writes
+  there (a built dataset, a trained tokenizer) the others then read. A
+  barrier named ``name``; nothing on one process."""
+  later = not is_primary()
+  if later:
+    barrier(name)
+  yield
+  if not later:
+    barrier(name)
 
 
 def allgather_json(obj: Any) -> list[Any]:

@@ -292,9 +292,7 @@ class RLRun:
           result = self.evaluate(it, rl_report.EVAL_AFTER_FILE if final else None)
           print(f"rl: held-out greedy success {result['success']:.3f} "
                 f"(multi-tool {result.get('success_multi_tool', 0.0):.3f})", flush=True)
-        stop = bool(interrupts.requested())
-        if self.hosts is not None:   # every process stops at the same iteration
-          stop = multihost.any_process(stop)
+        stop = state_lib.stop_requested()   # every process at the same iteration
         if final or stop or (spec.ckpt_every > 0 and it % spec.ckpt_every == 0):
           # The history rides in the checkpoint's JSON: the curve on disk can
           # always be rebuilt to match the parameters it resumes from.

@@ -40,6 +40,7 @@ from paraagent_jax import config_utils
 from paraagent_jax import fileio
 from paraagent_jax import interrupts
 from paraagent_jax import metrics as metrics_lib
+from paraagent_jax import multihost
 from paraagent_jax import sharding as shd
 from paraagent_jax import tokenizer as tok_lib
 from paraagent_jax.coldstart import build as coldstart_build
@@ -84,7 +85,7 @@ def make_sft_data(spec: specs.SFTSpec, split: str, seed_offset: int = 0):
                                    f"divisible by {count} hosts")
   # Process 0 first: what a source builds on first use (a TFDS dataset, a
   # tokenizer) is built once, then read by the others.
-  with state_lib.primary_first(f"sft data {split}"):
+  with multihost.primary_first(f"sft data {split}"):
     return module.make_sft_data(
         spec.data, split=split, batch_size=spec.batch_size // count,
         seq_len=spec.seq_len, seed=spec.data_seed + seed_offset,
@@ -210,7 +211,7 @@ def ensure_demonstrations(config, workdir: str) -> bool:
     return False
   out = os.path.join(workdir, DEMOS_DIR)
   # Process 0 builds them; the others wait, then read them.
-  with state_lib.primary_first("sft demonstrations"):
+  with multihost.primary_first("sft demonstrations"):
     if jax.process_index() == 0 and not fileio.exists(os.path.join(out, "stats.json")):
       print(f"sft: data.data_dir is empty: building the demonstrations in {out}",
             flush=True)

@@ -10,7 +10,6 @@ shardings) -> `device_batch` per step.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 from typing import Any
@@ -18,13 +17,13 @@ from typing import Any
 from absl import logging
 from flax import nnx
 import jax
-from jax.experimental import multihost_utils
 import jax.numpy as jnp
 import numpy as np
 
 from paraagent_jax import checkpoint as ckpt_lib
 from paraagent_jax import config_utils
 from paraagent_jax import interrupts
+from paraagent_jax import multihost
 from paraagent_jax import rundir
 from paraagent_jax import sharding as shd
 from paraagent_jax.learner import step as ts
@@ -65,6 +64,21 @@ def maybe_initialize_distributed(mode: str = "auto", host_timeout_s: float = 120
     liveness.start(host_timeout_s, prog)
 
 
+def on_process_0(prog: str, what: str, fn):
+  """``fn()`` on process 0 only, alone: an entry point whose work is not
+  split across processes (`evaluate`, `export_hf`) started on every host of
+  a pod, or under `paraagent_jax.local_pod`. Process 0 runs as one process
+  (it does not join the others: Orbax's restore would wait for them); the
+  others (``JAX_PROCESS_ID`` > 0) print one line and return None.
+  """
+  index = int(os.environ.get("JAX_PROCESS_ID", "0") or 0)
+  if index:
+    print(f"{prog}: process {index}: {what} runs on process 0 alone; nothing "
+          f"to do here", flush=True)
+    return None
+  return fn()
+
+
 def stop_requested() -> bool:
   """Whether the loop stops after this step: Ctrl-C or SIGTERM reached this
   process (`interrupts.requested`), or, on several processes, any of them.
@@ -73,23 +87,7 @@ def stop_requested() -> bool:
   the same steps) and all get the same answer, so they stop, and save, at
   the same step. On one process it is `interrupts.requested` alone.
   """
-  asked = bool(interrupts.requested())
-  if jax.process_count() == 1:
-    return asked
-  return bool(np.any(multihost_utils.process_allgather(np.int32(asked))))
-
-
-@contextlib.contextmanager
-def primary_first(name: str):
-  """Runs the body on process 0, then on the others: what process 0 writes
-  there (a built dataset, a trained tokenizer) the others then read. A
-  barrier named ``name``; nothing on one process."""
-  later = jax.process_count() > 1 and jax.process_index() != 0
-  if later:
-    multihost_utils.sync_global_devices(name)
-  yield
-  if jax.process_count() > 1 and not later:
-    multihost_utils.sync_global_devices(name)
+  return multihost.any_process(bool(interrupts.requested()))
 
 
 @dataclasses.dataclass(frozen=True)

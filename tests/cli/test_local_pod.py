@@ -157,3 +157,25 @@ def test_help_and_no_jax_in_the_launcher(tmp_path):
   p = subprocess.run([sys.executable, "-c", f"import sys, {PROG}; print('jax' in sys.modules)"],
                      cwd=ROOT, capture_output=True, text=True, check=True)
   assert p.stdout.strip() == "False"
+
+
+@pytest.mark.slow
+def test_evaluate_and_export_run_on_process_0_alone(tmp_path):
+  """`evaluate` and `export_hf` are not split across processes: under the
+  launcher process 0 does the work as one process (an Orbax restore on it
+  alone would wait for the others if it joined them) and the others say so
+  in one line; one report, the records of one run."""
+  out = subprocess.run(
+      [sys.executable, "-m", "paraagent_jax.local_pod", "--processes=2",
+       "--devices_per_process=1", "--", "paraagent_jax.evaluate",
+       "--config=configs/evaluate.py:runlocal,num_per_kind=1,strategies=paraact",
+       f"--workdir={tmp_path / 'eval'}"],
+      cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True,
+      text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert ("[1] paraagent_jax.evaluate: process 1: the evaluation runs on process 0 "
+          "alone; nothing to do here") in out.stdout, out.stdout[-2000:]
+  assert "[0] evaluate: report" in out.stdout
+  assert (tmp_path / "eval" / "report.json").is_file()
+  (records,) = (tmp_path / "eval" / "records").iterdir()
+  assert len(records.read_text().splitlines()) == 5   # 5 kinds x 1 task, once
