@@ -43,7 +43,7 @@ epochs before. Still a pure function of (seed, position): resuming is exact.
   tokenizer_vocab_size: vocabulary of that trained tokenizer (default 4096).
   catalog: the TFDS builder config (default "procedural").
   tfds_dir: TFDS data directory; "" means ``<data_dir>/tfds`` (for a bucket
-    data_dir, a local cache: `LOCAL_TFDS_CACHE`).
+    data_dir, a local cache: `tfds_builders.LOCAL_CACHE`).
   overlong: "drop" (default) or "truncate" for conversations over seq_len.
   length_bucket: 0 (default: every batch is seq_len long), an int L (buckets
     at the multiples of L) or a string of lengths "512,768,1024" (seq_len is
@@ -88,7 +88,6 @@ epochs before. Still a pure function of (seed, position): resuming is exact.
 from __future__ import annotations
 
 import bisect
-import hashlib
 import os
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -435,21 +434,6 @@ class DemonstrationSFTData:
     return out
 
 
-# Where a bucket's demonstrations are prepared for reading: a local cache,
-# one folder per data_dir (rebuilt from the bucket's JSONL when they change).
-LOCAL_TFDS_CACHE = os.path.join(
-    os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")),
-    "paraagent_jax", "tfds")
-
-
-def _default_tfds_dir(data_dir: str) -> str:
-  """``data_dir/tfds``; for a bucket a local cache folder named by it."""
-  if not fileio.is_remote(data_dir):
-    return os.path.join(data_dir, "tfds")
-  key = hashlib.sha256(data_dir.rstrip("/").encode()).hexdigest()[:16]
-  return os.path.join(LOCAL_TFDS_CACHE, key)
-
-
 def load_demonstrations(data_config, split: str) -> list[dict[str, Any]]:
   """Decoded records of a split from TFDS, building the dataset if needed."""
   data_config = _data(data_config)
@@ -459,13 +443,13 @@ def load_demonstrations(data_config, split: str) -> list[dict[str, Any]]:
                      "demonstrations_<split>.jsonl")
   if split not in _SPLIT_ALIASES:
     raise ValueError(f"split={split!r}; choose from {sorted(_SPLIT_ALIASES)}")
-  tfds_dir = data_config.tfds_dir or _default_tfds_dir(data_dir)
+  tfds_dir = data_config.tfds_dir or tfds_builders.default_data_dir(data_dir)
   if fileio.is_remote(tfds_dir):
     raise ValueError(f"data.tfds_dir={tfds_dir}: the prepared TFDS files "
                      f"(array_record) are written and read on the local disk "
                      f"only (array_record has no gs:// support without "
                      f"TensorFlow); leave data.tfds_dir empty to cache them "
-                     f"under {LOCAL_TFDS_CACHE}")
+                     f"under {tfds_builders.LOCAL_CACHE}")
   builder = tfds_builders.build_dataset(
       "demonstrations", data_dir, tfds_dir,
       config=data_config.catalog)
@@ -477,25 +461,6 @@ def load_demonstrations(data_config, split: str) -> list[dict[str, Any]]:
 _CACHE: dict[tuple, tuple] = {}
 
 
-def _files_key(*paths: str) -> tuple:
-  """Per file ``(path, size, mtime_ns)``, ``(path,)`` when absent.
-
-  On a bucket ``(path, size)``: the file layer gives no modification time
-  there, so a file rewritten in the bucket at the same size keeps its cache
-  entry. Locally `os.stat` (a local file's own clock).
-  """
-  out = []
-  for p in paths:
-    if not fileio.exists(p):
-      out.append((p,))
-    elif fileio.is_remote(p):
-      out.append((p, fileio.getsize(p)))
-    else:
-      st = os.stat(p)   # local only: see above
-      out.append((p, st.st_size, st.st_mtime_ns))
-  return tuple(out)
-
-
 def _load_encoded(data_config, split: str):
   """(sorted records, tokenizer, their encodings), cached per source state."""
   data_config = _data(data_config)
@@ -503,7 +468,7 @@ def _load_encoded(data_config, split: str):
   tok_path = data_config.tokenizer or os.path.join(
       data_dir or ".", "tokenizer")
   key = (split, tok_path, data_config.tfds_dir,
-         data_config.catalog) + _files_key(
+         data_config.catalog) + tfds_builders.files_key(
              *(os.path.join(data_dir or ".", f"demonstrations_{s}.jsonl")
                for s in tfds_builders.SPLITS),
              os.path.join(tok_path, "tokenizer.json"))
@@ -516,7 +481,7 @@ def _load_encoded(data_config, split: str):
     if len(_CACHE) >= 4:
       _CACHE.clear()
     # The key is taken again: training the tokenizer changes its mtime.
-    key = key[:4] + _files_key(*(k[0] for k in key[4:]))
+    key = key[:4] + tfds_builders.files_key(*(k[0] for k in key[4:]))
     _CACHE[key] = (records, tok, encoded)
   return _CACHE[key]
 

@@ -337,3 +337,37 @@ def load_records(builder: tfds.core.DatasetBuilder, split: str
       decode_demonstration)
   return sorted((decode(source[i]) for i in range(len(source))),
                 key=lambda r: r["id"])
+
+
+# Where a bucket's demonstrations are prepared for reading: a local cache,
+# one folder per data_dir (rebuilt from the bucket's JSONL when they change).
+LOCAL_CACHE = os.path.join(
+    os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")),
+    "paraagent_jax", "tfds")
+
+
+def default_data_dir(data_dir: str) -> str:
+  """``data_dir/tfds``; for a bucket a local cache folder named by it."""
+  if not fileio.is_remote(data_dir):
+    return os.path.join(data_dir, "tfds")
+  key = hashlib.sha256(data_dir.rstrip("/").encode()).hexdigest()[:16]
+  return os.path.join(LOCAL_CACHE, key)
+
+
+def files_key(*paths: str) -> tuple:
+  """Per file ``(path, size, mtime_ns)``, ``(path,)`` when absent.
+
+  On a bucket ``(path, size)``: the file layer gives no modification time
+  there, so a file rewritten in the bucket at the same size keeps its cache
+  entry. Locally `os.stat` (a local file's own clock).
+  """
+  out = []
+  for p in paths:
+    if not fileio.exists(p):
+      out.append((p,))
+    elif fileio.is_remote(p):
+      out.append((p, fileio.getsize(p)))
+    else:
+      st = os.stat(p)   # local only: see above
+      out.append((p, st.st_size, st.st_mtime_ns))
+  return tuple(out)

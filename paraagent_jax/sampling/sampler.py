@@ -357,14 +357,8 @@ class Sampler:
     budget = np.maximum(budget, 0).astype(np.int32)
     n_out = int(budget.max(initial=0))
     n_buf = max(self.min_decode, _pow2_at_least(n_out))
-    seqs = [list(s) for s in stop_sequences if len(s)] + [
-        [int(t)] for t in stop_token_ids]
-    width = _pow2_at_least(max([len(s) for s in seqs], default=1))
-    stop_arr = np.full((len(seqs), width), -1, np.int32)
-    stop_msk = np.zeros((len(seqs), width), bool)
-    for i, s in enumerate(seqs):
-      stop_arr[i, width - len(s):] = s
-      stop_msk[i, width - len(s):] = True
+    stop_arr, stop_msk = _stop_table(stop_sequences, stop_token_ids)
+    width = stop_arr.shape[1]
     greedy = float(temperature) <= 0.0
     key, sub = jax.random.split(state.key)
     if draw not in programs.DRAWS:
@@ -418,6 +412,20 @@ class Sampler:
         tokens=np.asarray(toks)[:, :n_out], logprobs=np.asarray(lps)[:, :n_out],
         processed_logprobs=np.asarray(plps)[:, :n_out], lengths=gen_len,
         stopped=np.asarray(hit), state=new_state)
+
+
+def _stop_table(stop_sequences, stop_token_ids) -> tuple[np.ndarray, np.ndarray]:
+  """The stop sequences (and single stop ids) right-aligned in a table of a
+  power-of-two width: (ids, -1 where empty) and (mask) for the decode loop."""
+  seqs = [list(s) for s in stop_sequences if len(s)] + [
+      [int(t)] for t in stop_token_ids]
+  width = _pow2_at_least(max([len(s) for s in seqs], default=1))
+  stop_arr = np.full((len(seqs), width), -1, np.int32)
+  stop_msk = np.zeros((len(seqs), width), bool)
+  for i, s in enumerate(seqs):
+    stop_arr[i, width - len(s):] = s
+    stop_msk[i, width - len(s):] = True
+  return stop_arr, stop_msk
 
 
 # ----------------------------------------------------------------------------

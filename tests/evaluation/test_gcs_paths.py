@@ -15,6 +15,7 @@ from paraagent_jax import fileio
 from paraagent_jax.coldstart import build
 from paraagent_jax.data import demo_tokenizer
 from paraagent_jax.data import demonstrations
+from paraagent_jax.data import tfds_builders
 from paraagent_jax.evaluation import heldout
 from paraagent_jax.evaluation import report as report_lib
 from paraagent_jax.evaluation import runner
@@ -157,5 +158,5 @@ def test_demonstrations_built_into_and_loaded_from_a_bucket(gcs_bucket, tmp_path
   fileio.write_text_atomic(path, fileio.read_text(path).split("\n", 1)[0] + "\n")
   assert len(demonstrations.load_demonstrations(cfg, "train")) == 1
   # The cache key of a bucket file: its size (no modification time there).
-  assert demonstrations._files_key(path, f"{data_dir}/none") == (  # pylint: disable=protected-access
+  assert tfds_builders.files_key(path, f"{data_dir}/none") == (
       (path, fileio.getsize(path)), (f"{data_dir}/none",))
