@@ -27,6 +27,7 @@ import pytest
 
 from paraagent_jax import interrupts
 from paraagent_jax import metrics as metrics_lib
+from paraagent_jax import multihost
 from paraagent_jax.trainer import liveness
 from paraagent_jax.trainer import state as state_lib
 
@@ -415,5 +416,5 @@ def test_one_process_stops_on_its_own_request_without_collectives():
     assert state_lib.stop_requested()
   finally:
     interrupts.clear()
-  with state_lib.primary_first("nothing to wait for"):   # no barrier on one process
+  with multihost.primary_first("nothing to wait for"):   # no barrier on one process
     pass
