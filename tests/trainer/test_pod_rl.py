@@ -127,7 +127,7 @@ def test_kill9_of_one_process_during_rl_and_the_rerun(tmp_path):
   """kill -9 of process 1 during RL: process 0 exits non-zero within the
   liveness bound with one line naming process 1; the rerun resumes from the
   last complete checkpoint and finishes."""
-  from tests.trainer.test_pod_sft import _lines, _process, _wait_for  # pylint: disable=g-import-not-at-top
+  from tests.trainer.test_pod_sft import _lines, dead_process_line, kill_process_1_when  # pylint: disable=g-import-not-at-top
   from paraagent_jax import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
   bound = 15
   workdir = str(tmp_path / "pod")
@@ -139,24 +139,14 @@ def test_kill9_of_one_process_during_rl_and_the_rerun(tmp_path):
   env.pop("XLA_FLAGS", None)
   pod = subprocess.Popen(command, cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE)
-  try:
-    victim = _process(pod, 1)
-    _wait_for(pod, lambda: ckpt_lib.saved_steps(os.path.join(workdir, "checkpoints")),
-              "checkpoint 1")
-    victim.kill()
-    killed = time.monotonic()
-    out, err = pod.communicate(timeout=300)
-    took = time.monotonic() - killed
-  finally:
-    pod.kill()
+  out, err, took = kill_process_1_when(
+      pod, lambda: ckpt_lib.saved_steps(os.path.join(workdir, "checkpoints")),
+      "checkpoint 1")
   print(f"kill -9 of process 1 in RL: the pod exited {pod.returncode} after {took:.1f} s")
   assert pod.returncode != 0, out[-3000:] + err[-3000:]
   assert took < bound + 20, took
   said = [l for l in _lines(out, 0) if "error" in l.lower()]
-  assert said == [
-      f"paraagent_jax.train: error: process 1 of 2 sent no heartbeat for {bound} s "
-      "(killed, crashed or cut off); stopping process 0 too: rerun the same command on "
-      "every host to resume from the last complete checkpoint"], out[-3000:]
+  assert said == [dead_process_line(bound)], out[-3000:]
   last = ckpt_lib.saved_steps(os.path.join(workdir, "checkpoints"))[-1]
   assert 1 <= last < 3
 

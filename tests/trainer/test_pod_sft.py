@@ -201,6 +201,27 @@ def _logged_step(workdir, step):
   return ready
 
 
+def kill_process_1_when(pod, ready, what):
+  """kill -9 of the pod's process 1 once ``ready()``; (stdout, stderr,
+  seconds from the kill until the launcher exited)."""
+  try:
+    victim = _process(pod, 1)
+    _wait_for(pod, ready, what)
+    victim.kill()
+    killed = time.monotonic()
+    out, err = pod.communicate(timeout=300)
+    return out, err, time.monotonic() - killed
+  finally:
+    pod.kill()
+
+
+def dead_process_line(bound) -> str:
+  """What process 0 says when process 1 stopped sending heartbeats."""
+  return (f"paraagent_jax.train: error: process 1 of 2 sent no heartbeat for {bound} s "
+          "(killed, crashed or cut off); stopping process 0 too: rerun the same command on "
+          "every host to resume from the last complete checkpoint")
+
+
 def _lines(out, index):
   prefix = f"[{index}] "
   return [l[len(prefix):] for l in out.splitlines() if l.startswith(prefix)]
@@ -287,25 +308,15 @@ def test_kill9_of_one_process_stops_the_other_within_the_bound(
   workdir = str(tmp_path / "kill9")
   pod = subprocess.Popen(pod_cmd(config_file, workdir, host_timeout_s=TIMEOUT_S), cwd=ROOT,
                          env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-  try:
-    victim = _process(pod, 1)
-    _wait_for(pod, lambda: 4 in checkpoint_steps(workdir) and _logged_step(workdir, 6)(),
-              "checkpoint 4 and step 6")
-    victim.kill()
-    killed = time.monotonic()
-    out, err = pod.communicate(timeout=300)
-    took = time.monotonic() - killed
-  finally:
-    pod.kill()
+  out, err, took = kill_process_1_when(
+      pod, lambda: 4 in checkpoint_steps(workdir) and _logged_step(workdir, 6)(),
+      "checkpoint 4 and step 6")
   assert pod.returncode == 1, out[-3000:] + err[-3000:]   # process 0's status
   print(f"kill -9 of process 1: process 0 exited 1 after {took:.1f} s "
         f"(host_timeout_s={TIMEOUT_S})")
   assert took < TIMEOUT_S + 15, took
   said = [l for l in _lines(out, 0) if "error" in l.lower()]
-  assert said == [
-      f"paraagent_jax.train: error: process 1 of 2 sent no heartbeat for {TIMEOUT_S} s "
-      "(killed, crashed or cut off); stopping process 0 too: rerun the same command on "
-      "every host to resume from the last complete checkpoint"], out[-3000:]
+  assert said == [dead_process_line(TIMEOUT_S)], out[-3000:]
   last = checkpoint_steps(workdir)[-1]
   assert 4 <= last < STEPS
 
