@@ -203,6 +203,42 @@ def save_tokenizer(tok, out_dir: str) -> None:
       fileio.copy(os.path.join(tmp, name), os.path.join(out_dir, name))
 
 
+def train_byte_bpe(texts: Iterable[str], vocab_size: int, split_pattern: str,
+                   special_tokens: Sequence[str], added_tokens: Sequence[str],
+                   additional_special_tokens: Sequence[str] = ()):
+  """A byte-level BPE trained on ``texts``: pieces split by ``split_pattern``
+  first, ``special_tokens`` (the first ``<|endoftext|>``-like pad, eos
+  ``<|im_end|>``) and ``added_tokens`` single tokens kept on decode.
+
+  Returns:
+    A `transformers.PreTrainedTokenizerFast` without a chat template.
+  """
+  # Heavy (transformers takes seconds to import): see `load_tokenizer`.
+  # pylint: disable=g-import-not-at-top
+  from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models,
+                          pre_tokenizers, processors, trainers)
+  from transformers import PreTrainedTokenizerFast
+  tok = Tokenizer(models.BPE())
+  tok.pre_tokenizer = pre_tokenizers.Sequence([
+      pre_tokenizers.Split(Regex(split_pattern), behavior="isolated"),
+      pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+  tok.decoder = decoders.ByteLevel()
+  # trim_offsets=False keeps offsets exact for token-kind labelling.
+  tok.post_processor = processors.ByteLevel(trim_offsets=False)
+  trainer = trainers.BpeTrainer(
+      vocab_size=vocab_size, special_tokens=list(special_tokens) + list(added_tokens),
+      show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+  tok.train_from_iterator(texts, trainer=trainer)
+  tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                          for t in special_tokens])
+  tok.add_tokens([AddedToken(t, special=False, normalized=False)
+                  for t in added_tokens])
+  kwargs = {"additional_special_tokens": list(additional_special_tokens)} if (
+      additional_special_tokens) else {}
+  return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=IM_END,
+                                 pad_token=END_OF_TEXT, **kwargs)
+
+
 def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int = 4096,
                         out_dir: str | None = None):
   """Trains the byte-level BPE of the CPU demo, with the ParaAct tokens.
@@ -216,12 +252,6 @@ def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int = 4096,
   Returns:
     A `transformers.PreTrainedTokenizerFast`.
   """
-  # Heavy (transformers takes seconds to import): see `load_tokenizer`.
-  # pylint: disable=g-import-not-at-top
-  from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models,
-                          pre_tokenizers, processors, trainers)
-  from transformers import PreTrainedTokenizerFast
-  tok = Tokenizer(models.BPE())
   # Copyable pieces: runs of characters other than letters, digits and "-"
   # are pieces of their own, so BPE merges only inside words (ids such as
   # ``exo-43bf76`` included) and a name gets the same ids wherever it stands
@@ -229,24 +259,8 @@ def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int = 4096,
   # ``Triraon``). With the
   # GPT-2 regex a leading space or quote joined the word and the policy's
   # copies (instruction -> query, observation -> call) moved between ids.
-  tok.pre_tokenizer = pre_tokenizers.Sequence([
-      pre_tokenizers.Split(Regex(COPYABLE_SPLIT), behavior="isolated"),
-      pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-  tok.decoder = decoders.ByteLevel()
-  # trim_offsets=False keeps offsets exact for token-kind labelling.
-  tok.post_processor = processors.ByteLevel(trim_offsets=False)
-  reserved = list(SPECIAL_TOKENS) + list(ADDED_TOKENS)
-  trainer = trainers.BpeTrainer(
-      vocab_size=vocab_size, special_tokens=reserved, show_progress=False,
-      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-  tok.train_from_iterator(texts, trainer=trainer)
-  tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                          for t in SPECIAL_TOKENS])
-  tok.add_tokens([AddedToken(t, special=False, normalized=False)
-                  for t in ADDED_TOKENS])
-  fast = PreTrainedTokenizerFast(
-      tokenizer_object=tok, eos_token=IM_END, pad_token=END_OF_TEXT,
-      additional_special_tokens=[IM_START])
+  fast = train_byte_bpe(texts, vocab_size, COPYABLE_SPLIT, SPECIAL_TOKENS, ADDED_TOKENS,
+                        additional_special_tokens=[IM_START])
   fast.chat_template = CHAT_TEMPLATE
   if out_dir is not None:
     save_tokenizer(fast, out_dir)

@@ -16,8 +16,15 @@ concatenated text). The step text (render / parse) is the strategy's
 (`paraagent_jax.paraact.strategies`); token kinds come from
 `protocol.classify_spans`.
 
+That is the ``tags`` protocol format. With ``protocol_format="qwen3"`` the
+steps are Qwen3 tool calls (`qwen3_format`) and every turn goes through the
+tokenizer's own chat template (`template_turns`), which needs per-episode
+state: a rollout asks `conversation` for each episode's stream, which in
+both formats gives the prompt, the ids after a step and the closing ids.
+
     fmt = ChatFormat(tokenizer, "paraact")
     ids = fmt.prompt_ids(env.reset([task])[0])
+    conv = fmt.conversation(task_text)     # either format
 """
 
 from __future__ import annotations
@@ -26,8 +33,11 @@ import bisect
 from typing import Any, Sequence
 
 from paraagent_jax import tokenizer as tok_lib
+from paraagent_jax.paraact import formats
 from paraagent_jax.paraact import protocol
+from paraagent_jax.paraact import qwen3_format
 from paraagent_jax.paraact import strategies
+from paraagent_jax.paraact import template_turns
 from toolenv.schema import Step
 
 CUT_NOTE = "\n...(observation cut)"
@@ -39,21 +49,34 @@ class ChatFormat:
   Attributes:
     tokenizer: a HF fast tokenizer (ours from `train_bpe_tokenizer`, or Qwen3's).
     strategy: the `strategies.Strategy`.
-    encoder: the `tokenizer.ChatEncoder` that renders turns to ids.
+    step_format: the `formats.StepFormat` (``tags`` or ``qwen3``).
+    encoder: the `tokenizer.ChatEncoder` that renders turns to ids (tags).
+    turns: the `template_turns.TemplateTurns` (qwen3; None for tags).
     pad_id: padding id of batches.
     stop_sequences: token sequences that end an assistant turn.
   """
 
   def __init__(self, tokenizer, strategy: str = "paraact",
-               system_prompt: str | None = None):
+               system_prompt: str | None = None, protocol_format: str = formats.TAGS,
+               chat_template: str | None = None):
+    """Raises `template_turns.TemplatePrefixError` when a qwen3 chat template
+    fails the probe (`TemplateTurns.check`)."""
     self.tokenizer = tokenizer
     self.strategy = strategies.get_strategy(strategy)
+    self.step_format = formats.get_format(protocol_format)
     self.encoder = tok_lib.ChatEncoder(tokenizer)
     self._system = system_prompt if system_prompt is not None else (
-        self.strategy.system_prompt())
+        self.strategy.system_prompt(self.step_format))
     pad = getattr(tokenizer, "pad_token_id", None)
     self.pad_id = int(pad) if pad is not None else 0
-    self.stop_sequences: list[list[int]] = self.encoder.stop_sequences()
+    self.turns = None
+    if self.step_format.chat_template:
+      self.turns = template_turns.TemplateTurns(tokenizer, chat_template=chat_template)
+      self.turns.check(self._system)
+      self.stop_sequences = [self.encode(s) for s in self.step_format.stop_strings +
+                             (tok_lib.IM_END,)]
+    else:
+      self.stop_sequences: list[list[int]] = self.encoder.stop_sequences()
     self._end_ids = self.encoder.end_of_turn_ids()
     self._gen_ids = self.encoder.generation_prompt_ids()
     im_end = self.encode(tok_lib.IM_END)
@@ -139,16 +162,47 @@ class ChatFormat:
         msgs.append({"role": "tool", "content": obs})
     return tok_lib.render_messages(msgs)
 
+  def conversation(self, task_text: str) -> "TagsConversation | TemplateConversation":
+    """One episode's token stream in this format (`rollout` keeps one per episode)."""
+    if self.turns is None:
+      return TagsConversation(self, task_text)
+    return TemplateConversation(self, task_text)
+
+  def demonstration_messages(self, steps: Sequence[Step], observations: Sequence[str],
+                             task_text: str) -> list[dict[str, Any]]:
+    """The chat messages of a demonstration: system, user, then each step
+    (`assistant_message`) followed by its observation as a tool message."""
+    msgs = self.prompt_messages(task_text)
+    for step, obs in zip(steps, observations):
+      msgs.append(self.assistant_message(step))
+      if obs is not None:
+        msgs.append({"role": "tool", "content": protocol.render_observation(obs)})
+    return msgs
+
+  def assistant_message(self, step: Step) -> dict[str, Any]:
+    """A step as a chat message: in the qwen3 format content and ``tool_calls``
+    (what the template renders as `render` writes it), else the text."""
+    if self.turns is not None and self.strategy.tagged:
+      return qwen3_format.assistant_message(step)
+    return {"role": "assistant", "content": self.render(step)}
+
+  def encode_conversation(self, messages: Sequence[dict]) -> tuple[list[int], list[int]]:
+    """Ids and loss mask of a whole demonstration through the chat template
+    (qwen3 format; the tags format's is `data.rows.encode_demonstrations`)."""
+    if self.turns is None:
+      raise ValueError("encode_conversation is the qwen3 format's")
+    return self.turns.encode_messages(messages)
+
   # ---- steps ---------------------------------------------------------------
   def render(self, step: Step) -> str:
-    """Text of a step in the strategy's format."""
-    return self.strategy.render_step(step)
+    """Text of a step in the strategy's form of the protocol format."""
+    return self.strategy.render_step(step, self.step_format)
 
   def parse(self, text: Any) -> Step:
     """Parses an assistant turn (a trailing ``<|im_end|>`` is ignored); never raises."""
     if isinstance(text, str):
       text = text.split(tok_lib.IM_END, 1)[0]
-    return self.strategy.parse_step(text)
+    return self.strategy.parse_step(text, self.step_format)
 
   def token_kinds(self, ids: Sequence[int], text: str | None = None) -> list[int]:
     """Kind (plan 0 / action 1 / answer 2) of each policy token.
@@ -162,7 +216,7 @@ class ChatFormat:
       return []
     if text is None:
       text = self.decode(ids)
-    spans = protocol.classify_spans(text)
+    spans = protocol.classify_spans(text, self.step_format.call_open)
     offsets = self._byte_offsets(ids, text)
     if offsets is None:
       starts = [len(self.decode(ids[:i])) for i in range(len(ids))]
@@ -184,3 +238,47 @@ class ChatFormat:
       out.append(acc)
       acc += len(p.encode("utf-8")) if i in self._literal else len(p)
     return out if acc == len(text.encode("utf-8")) else None
+
+
+class TagsConversation:
+  """An episode's stream in the tags format: the stateless pieces of `ChatFormat`."""
+
+  def __init__(self, fmt: ChatFormat, task_text: str):
+    self._fmt = fmt
+    self.prompt_ids = fmt.prompt_ids(task_text)
+
+  def observation_ids(self, out_ids: Sequence[int], out_text: str, observation: str,
+                      max_tokens: int | None) -> list[int]:
+    """Ids after a non-final step: close it, the tool turn, reopen the assistant."""
+    del out_text
+    return self._fmt.observation_ids(observation, max_tokens, out_ids)
+
+  def close_ids(self, out_ids: Sequence[int], out_text: str) -> list[int]:
+    """Ids that end the final assistant turn."""
+    del out_text
+    return self._fmt.close_ids(out_ids)
+
+
+class TemplateConversation:
+  """An episode's stream through the chat template (qwen3 format): each turn
+  appends the template's new suffix, checked for the prefix property."""
+
+  def __init__(self, fmt: ChatFormat, task_text: str):
+    self._fmt = fmt
+    self._conv = fmt.turns.start(fmt.prompt_messages(task_text))
+    self.prompt_ids = list(self._conv.ids)
+
+  def _advance(self, out_ids, out_text, tools, final) -> list[int]:
+    content = out_text.split(tok_lib.IM_END, 1)[0]
+    return self._conv.advance(out_text, {"role": "assistant", "content": content}, tools,
+                              final=final, written_ids=out_ids)
+
+  def observation_ids(self, out_ids: Sequence[int], out_text: str, observation: str,
+                      max_tokens: int | None) -> list[int]:
+    """The template's suffix after a step: its close, the tool turn, the next opening."""
+    content = self._fmt.observation_content(observation, max_tokens)
+    return self._advance(out_ids, out_text, [{"role": "tool", "content": content}], False)
+
+  def close_ids(self, out_ids: Sequence[int], out_text: str) -> list[int]:
+    """The template's close of the final assistant turn."""
+    return self._advance(out_ids, out_text, [], True)

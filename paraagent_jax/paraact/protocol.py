@@ -95,17 +95,24 @@ def _short(text: str) -> str:
   return text
 
 
-def _parse_call(body: str) -> tuple[Call | None, str | None]:
+# Error prefixes of a call that is dropped (`failure_counts` counts them).
+JSON_ERROR = "call is not valid JSON"
+NOT_OBJECT_ERROR = "call must be a JSON object"
+NO_NAME_ERROR = "call has no string 'name'"
+UNTERMINATED_CALL = "unterminated "
+
+
+def parse_call_json(body: str) -> tuple[Call | None, str | None]:
   """One call from its JSON body; returns (call, None) or (None, error)."""
   try:
     obj = json.loads(body)
   except (ValueError, RecursionError) as e:
-    return None, f"call is not valid JSON ({type(e).__name__}): {_short(body)}"
+    return None, f"{JSON_ERROR} ({type(e).__name__}): {_short(body)}"
   if not isinstance(obj, dict):
-    return None, f"call must be a JSON object: {_short(body)}"
+    return None, f"{NOT_OBJECT_ERROR}: {_short(body)}"
   name = obj.get("name")
   if not isinstance(name, str) or not name:
-    return None, f"call has no string 'name': {_short(body)}"
+    return None, f"{NO_NAME_ERROR}: {_short(body)}"
   arguments = obj.get("arguments", {})
   # A non-dict `arguments` is kept: the environment answers it with a schema
   # error for that call instead of dropping the whole step.
@@ -133,7 +140,14 @@ def parse_step(text: Any) -> Step:
     return Step(phase=EXECUTE, parse_error=f"internal parser error: {e!r}")
 
 
-def _parse_step(text: Any) -> Step:
+def parse_head(text: Any, step_close: str | None = None
+               ) -> Step | tuple[str, str, list[str]]:
+  """The phase tag of a turn and the body after it (both formats).
+
+  Returns a finished `Step` for non-text, a missing phase tag and an answer;
+  else ``(phase, body, errors)``: the body up to ``step_close`` (the whole rest
+  when it is None or missing; missing is an error).
+  """
   if not isinstance(text, str):
     return Step(phase=EXECUTE, parse_error="step is not text")
   m = _OPEN_RE.search(text)
@@ -149,47 +163,79 @@ def _parse_step(text: Any) -> Step:
       end, error = len(rest), "unterminated <answer>: missing </answer>"
     return Step(phase=ANSWER, answer=rest[:end].strip(), parse_error=error)
   errors = []
-  end = rest.find(STEP_CLOSE)
+  end = rest.find(step_close) if step_close else len(rest)
   if end < 0:
-    errors.append("unterminated step: missing </step>")
+    errors.append(f"unterminated step: missing {step_close}")
     end = len(rest)
-  body = rest[:end]
-  first = body.find(CALL_OPEN)
-  thought = (body if first < 0 else body[:first]).strip()
-  calls = []
+  return phase, rest[:end], errors
+
+
+def parse_call_blocks(body: str, open_tag: str, close_tag: str
+                      ) -> tuple[list[Call], list[str]]:
+  """The calls of a step body, each between ``open_tag`` and ``close_tag``,
+  and the errors of the blocks that do not parse (and of stray text)."""
+  first = body.find(open_tag)
+  calls, errors = [], []
   pos = 0 if first < 0 else first
   while first >= 0:
-    start = body.find(CALL_OPEN, pos)
+    start = body.find(open_tag, pos)
     if start < 0:
       if body[pos:].strip():
-        errors.append(f"text outside <call>: {_short(body[pos:])}")
+        errors.append(f"text outside {open_tag}: {_short(body[pos:])}")
       break
     if body[pos:start].strip():
-      errors.append(f"text outside <call>: {_short(body[pos:start])}")
-    close = body.find(CALL_CLOSE, start)
+      errors.append(f"text outside {open_tag}: {_short(body[pos:start])}")
+    close = body.find(close_tag, start)
     if close < 0:
-      errors.append("unterminated <call>: missing </call>")
+      errors.append(f"{UNTERMINATED_CALL}{open_tag}: missing {close_tag}")
       break
-    inner = body[start + len(CALL_OPEN):close]
-    if CALL_OPEN in inner:
-      errors.append("nested <call>")
-      inner = inner[inner.rfind(CALL_OPEN) + len(CALL_OPEN):]
-    call, error = _parse_call(inner)
+    inner = body[start + len(open_tag):close]
+    if open_tag in inner:
+      errors.append(f"nested {open_tag}")
+      inner = inner[inner.rfind(open_tag) + len(open_tag):]
+    call, error = parse_call_json(inner)
     if call is not None:
       calls.append(call)
     else:
       errors.append(error)
-    pos = close + len(CALL_CLOSE)
+    pos = close + len(close_tag)
   if not calls and not errors:
-    errors.append("step has no <call>")
+    errors.append(f"step has no {open_tag}")
+  return calls, errors
+
+
+def _parse_step(text: Any) -> Step:
+  head = parse_head(text, STEP_CLOSE)
+  if isinstance(head, Step):
+    return head
+  phase, body, errors = head
+  first = body.find(CALL_OPEN)
+  thought = (body if first < 0 else body[:first]).strip()
+  calls, call_errors = parse_call_blocks(body, CALL_OPEN, CALL_CLOSE)
+  errors += call_errors
   return Step(phase=phase, calls=calls, thought=thought,
               parse_error="; ".join(errors) if errors else None)
 
 
-def classify_spans(text: str) -> list[tuple[int, int, int]]:
+def failure_counts(step: Step) -> dict[str, int]:
+  """What a step's parse error lost: ``calls_dropped`` (call blocks that did
+  not become a call: broken JSON, not an object, no name, unterminated) and
+  ``json_errors`` (the broken-JSON ones among them)."""
+  error = step.parse_error or ""
+  def count(prefix: str) -> int:
+    return len(re.findall(r"(?:^|; )" + re.escape(prefix), error))
+  json_errors = count(JSON_ERROR)
+  dropped = json_errors + count(NOT_OBJECT_ERROR) + count(NO_NAME_ERROR) + len(
+      re.findall(r"(?:^|; )" + re.escape(UNTERMINATED_CALL) + r"<(?!answer>)[^>]*>: ",
+                 error))
+  return {"calls_dropped": dropped, "json_errors": json_errors}
+
+
+def classify_spans(text: str, call_open: str = CALL_OPEN) -> list[tuple[int, int, int]]:
   """Splits a step's text into contiguous (start, end, kind) spans.
 
-  Plan (0) is everything up to the first ``<call>`` (phase tag and thought);
+  Plan (0) is everything up to the first ``call_open`` (phase tag and thought;
+  ``<call>`` in the tags format, ``<tool_call>`` in qwen3's);
   action (1) is from there to the end (calls and ``</step>``); a turn that
   opens with ``<answer>`` is all answer (2). The spans cover ``text`` exactly,
   so every token gets a kind even in malformed output.
@@ -206,7 +252,7 @@ def classify_spans(text: str) -> list[tuple[int, int, int]]:
   m = _OPEN_RE.search(text)
   if m is not None and m.group(1) == ANSWER:
     return [(0, n, KIND_ANSWER)]
-  first = text.find(CALL_OPEN)
+  first = text.find(call_open)
   if first < 0:
     return [(0, n, KIND_PLAN)]
   spans = [(0, first, KIND_PLAN)] if first > 0 else []

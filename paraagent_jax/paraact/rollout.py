@@ -147,7 +147,9 @@ class _Episodes:
     self.buffers = [ep.EpisodeBuffer() for _ in range(b)]
     self.steps: list[list[toolenv.Step]] = [[] for _ in range(b)]
     self.done = [False] * b
-    self.pending_ids = [fmt.prompt_ids(first_obs[i]) for i in range(b)]
+    # Each episode's token stream in the protocol format (`ChatFormat.conversation`).
+    self.convs = [fmt.conversation(first_obs[i]) for i in range(b)]
+    self.pending_ids = [c.prompt_ids for c in self.convs]
     self.pending_msgs = [fmt.prompt_messages(first_obs[i]) for i in range(b)]
     self.wall = [0.0] * b
     self.transcripts = [[{"role": "task", "text": str(first_obs[i])}] for i in range(b)]
@@ -184,13 +186,13 @@ class _Episodes:
       self.wall[i] = time.perf_counter() - t_start
       self.pending_ids[i], self.pending_msgs[i] = [], []
       # Closing glue is context the policy never sees again: not sent to it.
-      buf.add_context(fmt.close_ids(out.token_ids))
+      buf.add_context(self.convs[i].close_ids(out.token_ids, out.text))
     else:
       obs = str(res.observation)
       self.transcripts[i].append({"role": "observation", "text": obs if len(obs) <= (
           TRANSCRIPT_OBS_CHARS) else obs[:TRANSCRIPT_OBS_CHARS] + " [...]"})
-      self.pending_ids[i] = fmt.observation_ids(res.observation, config.max_obs_tokens,
-                                                out.token_ids)
+      self.pending_ids[i] = self.convs[i].observation_ids(
+          out.token_ids, out.text, res.observation, config.max_obs_tokens)
       self.pending_msgs[i] = fmt.observation_messages(res.observation, config.max_obs_tokens)
 
 

@@ -16,10 +16,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
+from paraagent_jax.paraact import formats
 from paraagent_jax.paraact import protocol
 from toolenv.schema import Step
 
 ACT_OPEN = "<act>"
+_TAGS = formats.get_format(formats.TAGS)
 META_TOOL_NAMES = ("search_tools", "get_tool_doc")
 
 
@@ -31,18 +33,17 @@ def infer_phase(step: Step) -> str:
   return protocol.EXECUTE
 
 
-def _render_untagged(step: Step) -> str:
+def _render_untagged(step: Step, fmt: formats.StepFormat) -> str:
   if step.phase == protocol.ANSWER:
-    return protocol.render_step(step)
-  tagged = protocol.render_step(
-      dataclasses.replace(step, phase=protocol.EXECUTE))
+    return fmt.render(step)
+  tagged = fmt.render(dataclasses.replace(step, phase=protocol.EXECUTE))
   return ACT_OPEN + tagged[len(protocol.PHASE_OPEN[protocol.EXECUTE]):]
 
 
-def _parse_untagged(text) -> Step:
+def _parse_untagged(text, fmt: formats.StepFormat) -> Step:
   if isinstance(text, str):
     text = text.replace(ACT_OPEN, protocol.PHASE_OPEN[protocol.EXECUTE], 1)
-  step = protocol.parse_step(text)
+  step = fmt.parse(text)
   if step.phase != protocol.ANSWER:
     step.phase = infer_phase(step)
   return step
@@ -66,21 +67,21 @@ class Strategy:
   no_explore_after_execute: bool
   description: str
 
-  def system_prompt(self) -> str:
-    """The system prompt of this strategy."""
-    text = protocol.system_prompt(self.description)
+  def system_prompt(self, fmt: formats.StepFormat = _TAGS) -> str:
+    """The system prompt of this strategy in protocol format ``fmt``."""
+    text = fmt.system_prompt(self.description)
     if not self.tagged:
       text = text.replace(protocol.PHASE_OPEN[protocol.EXPLORE], ACT_OPEN)
       text = text.replace(protocol.PHASE_OPEN[protocol.EXECUTE], ACT_OPEN)
     return text
 
-  def render_step(self, step: Step) -> str:
-    """Text of a step in this strategy's format."""
-    return protocol.render_step(step) if self.tagged else _render_untagged(step)
+  def render_step(self, step: Step, fmt: formats.StepFormat = _TAGS) -> str:
+    """Text of a step in this strategy's form of protocol format ``fmt``."""
+    return fmt.render(step) if self.tagged else _render_untagged(step, fmt)
 
-  def parse_step(self, text) -> Step:
-    """Parses a turn in this strategy's format; never raises."""
-    return protocol.parse_step(text) if self.tagged else _parse_untagged(text)
+  def parse_step(self, text, fmt: formats.StepFormat = _TAGS) -> Step:
+    """Parses a turn in this strategy's form of format ``fmt``; never raises."""
+    return fmt.parse(text) if self.tagged else _parse_untagged(text, fmt)
 
   def check_step(self, step: Step, history: Sequence[Step] = ()) -> str | None:
     """The rule violation of ``step`` after ``history``, or None."""
