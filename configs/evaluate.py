@@ -66,8 +66,16 @@ def get_config(arg=None):
       max_turns=40, max_turn_tokens=r.max_turn_tokens, max_len=2048,
       max_obs_tokens=DEMO_MAX_OBS_TOKENS))
   c.text_max_len = 32768           # token budget of oracle/API episodes (no KV cache)
-  c.api = ml_collections.ConfigDict(dict(base_url="http://127.0.0.1:8000/v1",
-                                         model="gpt-4.1", api_key_env="OPENAI_API_KEY"))
+  # api: base_url "" = $OPENAI_BASE_URL (else the SDK's default endpoint);
+  # tool_calling: native function calling (False: our tags in plain text);
+  # retries and timeout are the openai SDK's; concurrency: episodes asked at
+  # once; max_tokens: per answer (0: the endpoint's default); max_obs_tokens:
+  # observations whole (0), as a cut one hides found tools (a served
+  # checkpoint's evaluation sets the in-process rollout's budgets instead,
+  # docs/evaluation.md).
+  c.api = ml_collections.ConfigDict(dict(
+      base_url="", model="gpt-4.1", api_key_env="OPENAI_API_KEY", tool_calling=True,
+      timeout_s=120.0, max_retries=4, concurrency=8, max_tokens=0, max_obs_tokens=0))
   if a.runlocal:
     c.num_per_kind = 2
     c.batch_size = 8

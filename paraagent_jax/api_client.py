@@ -1,111 +1,104 @@
-"""A small client for OpenAI-compatible chat-completions endpoints.
+"""OpenAI-compatible chat endpoints through the official ``openai`` SDK.
 
-Used by the API policy (the paper's GPT-4.1-style baselines) and by the chat
-backend of the cold-start role agents. Standard library only, so it runs
-anywhere: retries with exponential backoff on timeouts, connection errors,
-429 and 5xx answers; a per-request timeout; the key from the config or the
-environment (``OPENAI_API_KEY``), the base URL from the config or
-``OPENAI_BASE_URL``.
+The SDK does the HTTP work: retries with backoff on connection errors, 408,
+409, 429 and 5xx (honouring ``Retry-After``), the per-request timeout, the
+key from ``OPENAI_API_KEY`` and the base URL from ``OPENAI_BASE_URL``. This
+module keeps only what the SDK does not do for us:
+
+* the key read from an environment variable the config names
+  (``api.api_key_env``), and a placeholder key for local servers (vLLM,
+  SGLang, ``python -m paraagent_jax.serve``) that need none: the SDK refuses
+  to start without one;
+* `ChatModel`: a model name and sampling options bound to a client, whose
+  ``complete`` returns the first choice's message as a plain dict (what the
+  policies and the cold-start roles read), and counts requests.
+
+    chat = ChatModel(make_client("http://127.0.0.1:8000/v1"), model="gpt-4.1")
+    message = chat.complete([{"role": "user", "content": "hi"}])
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import random
-import socket
-import time
-import urllib.error
-import urllib.request
+import threading
 from typing import Any, Sequence
 
-RETRY_STATUS = (408, 409, 429, 500, 502, 503, 504)
+import openai
+
+# The key sent to a local endpoint when no key is set (they ignore it).
+NO_KEY = "EMPTY"
 
 
-class APIError(RuntimeError):
-  """An endpoint answered with an error that retrying will not fix (or retries ran out)."""
+def make_client(base_url: str | None = None, api_key_env: str = "OPENAI_API_KEY", *,
+                api_key: str | None = None, timeout_s: float = 60.0,
+                max_retries: int = 4) -> openai.OpenAI:
+  """An ``openai.OpenAI`` client.
+
+  Args:
+    base_url: e.g. ``http://127.0.0.1:8000/v1``; None or "" reads
+      ``OPENAI_BASE_URL`` (the SDK's default, api.openai.com, without it).
+    api_key_env: the environment variable that holds the key.
+    api_key: the key itself (wins over ``api_key_env``).
+    timeout_s: per-request timeout (the SDK retries a timed-out request).
+    max_retries: retries after the first attempt (the SDK's backoff).
+  """
+  key = api_key if api_key is not None else os.environ.get(api_key_env or "", "")
+  return openai.OpenAI(base_url=base_url or None, api_key=key or NO_KEY,
+                       timeout=timeout_s, max_retries=max_retries)
+
+
+class APIAnswerError(RuntimeError):
+  """The endpoint answered 200 with no message (not a model-output problem)."""
 
 
 @dataclasses.dataclass
-class ChatClient:
-  """Client of ``POST {base_url}/chat/completions``.
+class ChatModel:
+  """One chat model behind a client: ``complete(messages, tools)`` -> message dict.
 
   Attributes:
-    base_url: e.g. ``https://api.openai.com/v1`` or ``http://127.0.0.1:8000/v1``.
+    client: an ``openai.OpenAI`` client (`make_client`).
     model: the model name sent with every request.
-    api_key: bearer token; ``None`` reads ``OPENAI_API_KEY`` (may be empty for local servers).
-    timeout_s: per-request timeout.
-    max_retries: retries after the first attempt, for retryable failures only.
-    backoff_s: first backoff; doubles each retry, with jitter.
+    temperature: sampling temperature (0: as greedy as the endpoint allows).
+    seed: sent when set (endpoints that support it sample reproducibly).
+    max_tokens: the most tokens per answer (None: the endpoint's default).
   """
 
-  base_url: str | None = None
+  client: Any
   model: str = "gpt-4.1"
-  api_key: str | None = None
-  timeout_s: float = 60.0
-  max_retries: int = 4
-  backoff_s: float = 1.0
+  temperature: float = 0.0
   seed: int | None = None
+  max_tokens: int | None = None
 
   def __post_init__(self):
-    self.base_url = (self.base_url or os.environ.get("OPENAI_BASE_URL")
-                     or "https://api.openai.com/v1").rstrip("/")
-    if self.api_key is None:
-      self.api_key = os.environ.get("OPENAI_API_KEY", "")
     self.requests_made = 0
-    self.retries_made = 0
-
-  def _post(self, payload: dict[str, Any]) -> dict[str, Any]:
-    data = json.dumps(payload).encode("utf-8")
-    headers = {"Content-Type": "application/json"}
-    if self.api_key:
-      headers["Authorization"] = f"Bearer {self.api_key}"
-    req = urllib.request.Request(f"{self.base_url}/chat/completions", data=data,
-                                 headers=headers, method="POST")
-    with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-      return json.loads(resp.read().decode("utf-8"))
+    self._lock = threading.Lock()
 
   def complete(self, messages: Sequence[dict[str, Any]],
                tools: Sequence[dict[str, Any]] | None = None,
-               temperature: float = 0.0, max_tokens: int | None = None,
-               **extra: Any) -> dict[str, Any]:
-    """Sends one chat completion and returns the first choice's ``message`` dict.
+               parallel: bool = True, temperature: float | None = None,
+               max_tokens: int | None = None) -> dict[str, Any]:
+    """Sends one chat completion; returns the first choice's ``message`` as a dict.
 
-    Raises:
-      APIError: on a non-retryable HTTP error, a malformed answer, or when the
-        retries are spent (the message names the last failure).
+    With ``tools``, ``parallel_tool_calls`` is ``parallel``. ``temperature``
+    and ``max_tokens`` override the model's for this request. Raises the SDK's
+    ``openai.APIError`` subclasses when the endpoint refuses the request or
+    the retries are spent (an infrastructure failure, not model output).
     """
-    payload: dict[str, Any] = {"model": self.model, "messages": list(messages),
-                               "temperature": temperature}
+    kwargs: dict[str, Any] = {"model": self.model, "messages": list(messages),
+                              "temperature": self.temperature if temperature is None
+                              else temperature}
     if tools:
-      payload["tools"] = list(tools)
-      payload["parallel_tool_calls"] = True
-    if max_tokens is not None:
-      payload["max_tokens"] = max_tokens
+      kwargs["tools"] = list(tools)
+      kwargs["parallel_tool_calls"] = parallel
     if self.seed is not None:
-      payload["seed"] = self.seed
-    payload.update(extra)
-    last = "no attempt"
-    for attempt in range(self.max_retries + 1):
+      kwargs["seed"] = self.seed
+    max_tokens = self.max_tokens if max_tokens is None else max_tokens
+    if max_tokens is not None:
+      kwargs["max_tokens"] = max_tokens
+    with self._lock:
       self.requests_made += 1
-      try:
-        body = self._post(payload)
-        choice = body["choices"][0]
-        message = choice["message"]
-        if not isinstance(message, dict):
-          raise APIError(f"malformed answer from {self.base_url}: message is not an object")
-        return message
-      except urllib.error.HTTPError as e:
-        detail = e.read().decode("utf-8", "replace")[:300]
-        last = f"HTTP {e.code}: {detail}"
-        if e.code not in RETRY_STATUS:
-          raise APIError(f"{self.base_url} refused the request ({last})") from e
-      except (urllib.error.URLError, socket.timeout, TimeoutError, ConnectionError) as e:
-        last = f"{type(e).__name__}: {e}"
-      except (KeyError, IndexError, TypeError, json.JSONDecodeError) as e:
-        raise APIError(f"malformed answer from {self.base_url}: {e!r}") from e
-      if attempt < self.max_retries:
-        self.retries_made += 1
-        time.sleep(self.backoff_s * (2 ** attempt) * (0.5 + random.random() / 2))
-    raise APIError(f"{self.base_url}: giving up after {self.max_retries + 1} attempts ({last})")
+    response = self.client.chat.completions.create(**kwargs)
+    if not getattr(response, "choices", None):
+      raise APIAnswerError(f"{self.model}: the endpoint's answer has no choices")
+    return response.choices[0].message.model_dump(exclude_none=True)

@@ -36,7 +36,7 @@ from typing import Any
 
 from paraagent_jax import config_utils
 from paraagent_jax import fileio
-from paraagent_jax.api_client import ChatClient
+from paraagent_jax import api_client
 from paraagent_jax.coldstart import chat_roles
 import toolenv
 from paraagent_jax.coldstart import orchestrator as orch_lib
@@ -76,9 +76,11 @@ def make_roles(data_cfg, catalog, seed: int) -> roles_lib.RoleSet:
   if backend == "chat":
     chat = data_cfg.chat
     chat = dict(chat.items()) if hasattr(chat, "items") else {}
-    client = ChatClient(base_url=chat.get("base_url") or None,
-                        model=chat.get("model", "gpt-4.1"))
-    return chat_roles.chat_roles(client, cache_dir=chat.get("cache_dir") or None,
+    client = api_client.make_client(chat.get("base_url") or None,
+                                    chat.get("api_key_env", "OPENAI_API_KEY"),
+                                    max_retries=int(chat.get("max_retries", 4)))
+    model = api_client.ChatModel(client, model=chat.get("model", "gpt-4.1"))
+    return chat_roles.chat_roles(model, cache_dir=chat.get("cache_dir") or None,
                                  max_workers=int(chat.get("max_workers", 8)),
                                  temperature=float(chat.get("temperature", 0.0)))
   raise ValueError(f"config.data.backend must be 'scripted' or 'chat', got {backend!r}")

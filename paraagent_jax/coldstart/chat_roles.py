@@ -1,13 +1,14 @@
 """Chat backend of the role agents: each role prompts an OpenAI-compatible model.
 
-    client = ChatClient(base_url="http://127.0.0.1:8000/v1", model="gpt-4.1")
-    roles = chat_roles(client, cache_dir="/tmp/cs_cache", max_workers=8)
+    chat = api_client.ChatModel(api_client.make_client("http://127.0.0.1:8000/v1"),
+                                model="gpt-4.1")
+    roles = chat_roles(chat, cache_dir="/tmp/cs_cache", max_workers=8)
     kept, stats = Orchestrator(catalog, roles).run(tasks)
 
 Every role sends a system prompt that starts with ``[role:<name>]`` (so a
 scripted test server can route requests) and the task text, and reads back a
 small JSON object (planner, explorer) or a ParaAct step (executor) or plain
-text (answerer). Retries on transient failures are `ChatClient`'s; answers
+text (answerer). Retries on transient failures are the openai SDK's; answers
 are cached on disk, one JSON file per request, keyed by the SHA-256 of the
 model, temperature and messages, so a rebuild costs no requests. Explorers
 of one episode run in a thread pool, and the orchestrator advances the
@@ -59,11 +60,11 @@ class ResponseCache:
 
 
 class ChatBackend:
-  """Sends role prompts through a `ChatClient`, with the response cache."""
+  """Sends role prompts through an `api_client.ChatModel`, with the response cache."""
 
-  def __init__(self, client, cache_dir: str | None = None, temperature: float = 0.0,
+  def __init__(self, chat, cache_dir: str | None = None, temperature: float = 0.0,
                max_tokens: int | None = 512):
-    self.client = client
+    self.chat = chat
     self.cache = ResponseCache(cache_dir) if cache_dir else None
     self.temperature = temperature
     self.max_tokens = max_tokens
@@ -75,7 +76,7 @@ class ChatBackend:
     """The model's answer text to one role prompt."""
     messages = [{"role": "system", "content": f"[role:{role}] {system}"},
                 {"role": "user", "content": user}]
-    key = ResponseCache.key({"model": self.client.model, "temperature": self.temperature,
+    key = ResponseCache.key({"model": self.chat.model, "temperature": self.temperature,
                              "messages": messages})
     if self.cache is not None:
       hit = self.cache.get(key)
@@ -83,8 +84,8 @@ class ChatBackend:
         with self._lock:
           self.hits += 1
         return hit
-    message = self.client.complete(messages, temperature=self.temperature,
-                                   max_tokens=self.max_tokens)
+    message = self.chat.complete(messages, temperature=self.temperature,
+                                 max_tokens=self.max_tokens)
     content = message.get("content") or ""
     with self._lock:
       self.misses += 1
@@ -235,10 +236,10 @@ class _PoolMap:
     return list(self.pool.map(fn, items))
 
 
-def chat_roles(client, cache_dir: str | None = None, max_workers: int = 8,
+def chat_roles(chat, cache_dir: str | None = None, max_workers: int = 8,
                temperature: float = 0.0, concurrent_episodes: int | None = None) -> RoleSet:
-  """The chat backend over ``client`` (an `api_client.ChatClient`)."""
-  backend = ChatBackend(client, cache_dir=cache_dir, temperature=temperature)
+  """The chat backend over ``chat`` (an `api_client.ChatModel`)."""
+  backend = ChatBackend(chat, cache_dir=cache_dir, temperature=temperature)
   roles = RoleSet(planner=ChatPlanner(backend), explorer=ChatExplorer(backend),
                   executor=ChatExecutor(backend), answerer=ChatAnswerer(backend),
                   map=_PoolMap(max_workers),

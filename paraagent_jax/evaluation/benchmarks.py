@@ -12,9 +12,10 @@ and strategies as the ToolEnv benchmark, and scored by their own rule:
   simulated tool directory, with judge-free metrics
   (`toolenv.benchmarks.stabletoolbench`).
 
-``make_policy(strategy, plan_fn)`` builds the policy: for the scripted oracle
-``plan_fn(task)`` gives its steps (the benchmarks' own oracle plans); model
-and API policies ignore it.
+``make_policy(strategy, plan_fn, catalog=)`` builds the policy: for the
+scripted oracle ``plan_fn(task)`` gives its steps (the benchmarks' own oracle
+plans); model and API policies ignore it. The API policy takes the schemas
+of the tools it is given from ``catalog``.
 """
 
 from __future__ import annotations
@@ -55,7 +56,8 @@ def _run_sets(sets, scorer, make_policy, fmt_for, *, benchmark: str,
         sets.catalog, max(1, min(batch_size, len(sets.tasks) or 1)),
         scorer=functools.partial(scorer, sets), given=sets.given,
         **toolenv.oracle.env_options(strategy))
-    policy = make_policy(strategy, functools.partial(plan_fn, strategy=strategy))
+    policy = make_policy(strategy, functools.partial(plan_fn, strategy=strategy),
+                         catalog=sets.catalog)
     records += runner.run_tasks(policy, fmt_for(strategy), env, sets.tasks,
                                 benchmark=benchmark, strategy=strategy,
                                 policy_name=policy_name, workdir=workdir,

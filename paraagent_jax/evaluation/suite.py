@@ -26,7 +26,7 @@ from paraagent_jax.evaluation import benchmarks as bench_lib
 from paraagent_jax.evaluation import causes as causes_lib
 from paraagent_jax.evaluation import heldout
 from paraagent_jax.evaluation import report as report_lib
-from paraagent_jax.paraact import chat_format, policies, rollout
+from paraagent_jax.paraact import api_policy, chat_format, policies, rollout
 from paraagent_jax.paraact import strategies as strategy_lib
 
 
@@ -66,13 +66,16 @@ def rollout_limits(config):
   with ``max_len`` raised to ``config.text_max_len`` for the text-level
   policies (oracle, api), which hold no KV cache: their context is the
   endpoint's, and BFCL's closed prompts (tens of function docs) or a mixed
-  task's whole observations outgrow a demo model's budget."""
+  task's whole observations outgrow a demo model's budget. An API model's
+  observations are cut at ``config.api.max_obs_tokens`` (0: whole)."""
   try:
     rcfg = config_utils.config_from_mapping(rollout.RolloutConfig, config.rollout)
   except (TypeError, ValueError) as e:
     raise config_utils.ConfigError(f"rollout: {e}") from None
   if config.policy in ("oracle", "api"):
     rcfg = dataclasses.replace(rcfg, max_len=max(rcfg.max_len, config.text_max_len))
+  if config.policy == "api":
+    rcfg = dataclasses.replace(rcfg, max_obs_tokens=config.api.max_obs_tokens)
   return rcfg
 
 
@@ -93,6 +96,24 @@ def policy_tokenizer(config, checkpoint: str, workdir: str = ""):
     return text_policy_tokenizer(workdir)
   raise config_utils.ConfigError("no tokenizer found: set tokenizer=PATH (a directory "
                                  "with tokenizer.json)")
+
+
+def api_policy_from_config(api, fmt, catalog=None, seed: int | None = None):
+  """The API policy of ``config.api`` (base_url, model, api_key_env,
+  tool_calling, timeout_s, max_retries, concurrency, max_tokens) for
+  ``fmt``'s strategy."""
+  client = api_client.make_client(api.base_url, api.api_key_env, timeout_s=api.timeout_s,
+                                  max_retries=api.max_retries)
+  chat = api_client.ChatModel(client, model=api.model, seed=seed,
+                              max_tokens=api.max_tokens or None)
+  return api_policy.APIPolicy(fmt, chat, catalog=catalog, tool_calling=api.tool_calling,
+                              concurrency=api.concurrency)
+
+
+def api_stats_line(model: str, strategy: str, stats: dict) -> str:
+  """One console line of an API policy's requests and malformed tool calls."""
+  return f"api {model} ({strategy}): " + ", ".join(
+      f"{k.removeprefix('api_').replace('_', ' ')} {v}" for k, v in stats.items())
 
 
 def run(config, workdir: str, checkpoint: str = "", transcripts: int = 0,
@@ -151,16 +172,18 @@ def _run(config, workdir: str, checkpoint: str, transcripts: int, step: int | No
   def fmt_for(strategy):
     return chat_format.ChatFormat(tok, strategy=strategy)
 
-  def make_policy(strategy, plan_fn=None):
+  api_policies = []
+
+  def make_policy(strategy, plan_fn=None, catalog=None):
     fmt = fmt_for(strategy)
     if config.policy == "oracle":
       if plan_fn is not None:
         return bench_lib.PlanOraclePolicy(fmt, plan_fn, strategy=strategy)
       return policies.OraclePolicy(fmt, strategy=strategy)
     if config.policy == "api":
-      client = api_client.ChatClient(base_url=config.api.base_url, model=config.api.model,
-                                     api_key=os.environ.get(config.api.api_key_env, ""))
-      return policies.APIPolicy(fmt, client)
+      policy = api_policy_from_config(config.api, fmt, catalog, seed=config.seed)
+      api_policies.append((strategy, policy))
+      return policy
     return policies.JaxPolicy(model, fmt, max_len=rcfg.max_len,
                               max_turn_tokens=rcfg.max_turn_tokens, temperature=0.0)
 
@@ -183,7 +206,8 @@ def _run(config, workdir: str, checkpoint: str, transcripts: int, step: int | No
           raise config_utils.ConfigError(f"toolenv-{cat_name}: {e}") from e
         for strategy in strategies:
           records += held.with_strategy(strategy).run(
-              make_policy(strategy), fmt_for(strategy), batch_size=config.batch_size,
+              make_policy(strategy, catalog=held.catalog), fmt_for(strategy),
+              batch_size=config.batch_size,
               workdir=workdir, policy_name=name, benchmark=f"toolenv-{cat_name}",
               fields={"catalog": held.catalog.name}, log=print).records
     elif bench == "bfcl":
@@ -219,6 +243,8 @@ def _run(config, workdir: str, checkpoint: str, transcripts: int, step: int | No
       print(f"failed episodes by cause, {run['benchmark']}/{run['policy']}/{run['strategy']}: "
             f"{causes_lib.one_line(run['analysis'])}; multi-tool: "
             f"{causes_lib.one_line(run['analysis'], 'multi_tool')}", flush=True)
+  for strategy, policy in api_policies:
+    print(api_stats_line(config.api.model, strategy, policy.stats()), flush=True)
   for ex in report["transcripts"][:max(0, int(transcripts))]:
     print(report_lib.format_transcript(ex, max_chars=0) + "\n", flush=True)
   pngs = [os.path.basename(v) for k, v in rep.items() if k.startswith("plot_")]

@@ -4,7 +4,8 @@
   chat_format  the chat template around steps and observations
   strategies   ParaAct and the baselines (ReAct, plan-then-execute, ...)
   episode      per-episode token bookkeeping and the fixed-shape arrays
-  policies     JAX (KV-cache sampler), API and oracle policies
+  policies     JAX (KV-cache sampler) and oracle policies
+  api_policy   an OpenAI-compatible model (native tool calls or our text)
   rollout      batched episodes against a VectorToolEnv -> TrajectoryBatch
 
 Layer: may import learner (the batch and its codes), sampling, tokenizer,

@@ -11,23 +11,19 @@ their text.
 * `OraclePolicy` replays `toolenv.oracle.solve(task, strategy)` rendered through
   the strategy's text format, so the whole text path (render, tokenise, parse)
   is exercised. Its log-probs are 0.
-* `APIPolicy` asks an OpenAI-compatible endpoint, either with tool calling
-  (meta-tools plus a generic ``call_tool``) or in plain text with our protocol;
-  its answer is rendered back into our format so the trajectory tokens are ours.
+* `paraact.api_policy.APIPolicy` (its own module) asks an OpenAI-compatible
+  endpoint through the ``openai`` SDK.
 """
 
 from __future__ import annotations
 
 import abc
-import concurrent.futures
 import dataclasses
-import json
 from typing import Any, Sequence
 
 import numpy as np
 
 import toolenv
-from paraagent_jax import api_client
 from paraagent_jax import sampling
 
 
@@ -45,7 +41,9 @@ class TurnOutput:
   token_ids: list[int]
   logprobs: list[float]
   text: str
-  step: toolenv.Step | None = None   # set by policies that act structurally
+  # Set by a policy that acts structurally (an API model's native tool
+  # calls): the rollout runs this Step instead of parsing ``text``.
+  step: toolenv.Step | None = None
 
 
 class Policy(abc.ABC):
@@ -173,91 +171,6 @@ class OraclePolicy(Policy):
       step = plan[i] if i < len(plan) else toolenv.Step(phase="answer", answer="")
       text = self.fmt.render(step)
       ids = self.fmt.encode(text)
-      results.append(TurnOutput(ids, [0.0] * len(ids), text, step))
+      # No ``step``: the rollout parses the text, as it parses a model's.
+      results.append(TurnOutput(ids, [0.0] * len(ids), text))
     return results
-
-
-# The tools an API model is given in tool-calling mode: the two meta-tools and
-# one generic entry point for catalog tools (the catalog is too large to list).
-API_TOOLS = [
-    {"type": "function", "function": {
-        "name": "search_tools",
-        "description": "Search the tool catalog; returns the best matching tools.",
-        "parameters": {"type": "object", "properties": {
-            "query": {"type": "string"}, "top_k": {"type": "integer"}},
-                       "required": ["query"]}}},
-    {"type": "function", "function": {
-        "name": "get_tool_doc",
-        "description": "Full interface of one tool: parameters and response.",
-        "parameters": {"type": "object", "properties": {"name": {"type": "string"}},
-                       "required": ["name"]}}},
-    {"type": "function", "function": {
-        "name": "call_tool",
-        "description": "Call a catalog tool found with search_tools.",
-        "parameters": {"type": "object", "properties": {
-            "name": {"type": "string"}, "arguments": {"type": "object"}},
-                       "required": ["name", "arguments"]}}},
-]
-
-
-def _message_to_step(message: dict[str, Any], fmt) -> toolenv.Step:
-  """Turns an API assistant message into a Step (never raises on odd content)."""
-  calls = []
-  for tc in message.get("tool_calls") or []:
-    fn = (tc or {}).get("function") or {}
-    name = fn.get("name")
-    try:
-      args = json.loads(fn.get("arguments") or "{}")
-    except (json.JSONDecodeError, TypeError):
-      args = fn.get("arguments")
-    if name == "call_tool" and isinstance(args, dict):
-      name, args = args.get("name"), args.get("arguments", {})
-    calls.append(toolenv.Call(name, args))
-  content = message.get("content") or ""
-  if not calls:
-    parsed = fmt.parse(content)
-    if parsed.parse_error is None:
-      return parsed
-    return toolenv.Step(phase="answer", answer=content)
-  meta = all(c.name in toolenv.schema.META_TOOLS for c in calls)
-  return toolenv.Step(phase="explore" if meta else "execute", calls=calls,
-                      thought=content.strip()[:200])
-
-
-class APIPolicy(Policy):
-  """An OpenAI-compatible chat model (the paper's API-served baselines)."""
-
-  name = "api"
-
-  def __init__(self, fmt, client: api_client.ChatClient, *, tool_calling: bool = True,
-               temperature: float = 0.0, max_tokens: int = 512, concurrency: int = 8):
-    self.fmt = fmt
-    self.client = client
-    self.tool_calling = tool_calling
-    self.temperature = temperature
-    self.max_tokens = max_tokens
-    self.concurrency = concurrency
-    self._messages: list[list[dict[str, Any]]] = []
-
-  def reset(self, num_episodes, tasks, seed=0):
-    del tasks, seed
-    self._messages = [[] for _ in range(num_episodes)]
-
-  def _one(self, r: TurnRequest) -> TurnOutput:
-    msgs = self._messages[r.episode]
-    msgs.extend(r.new_messages)
-    message = self.client.complete(msgs, tools=API_TOOLS if self.tool_calling else None,
-                                   temperature=self.temperature, max_tokens=self.max_tokens)
-    step = _message_to_step(message, self.fmt)
-    text = self.fmt.render(step)
-    # The conversation continues in our own rendering, so observations line up.
-    msgs.append({"role": "assistant", "content": text})
-    ids = self.fmt.encode(text)
-    return TurnOutput(ids, [0.0] * len(ids), text, step)
-
-  def act(self, requests):
-    with concurrent.futures.ThreadPoolExecutor(max_workers=self.concurrency) as pool:
-      return list(pool.map(self._one, requests))
-
-  def stats(self):
-    return {"api_requests": self.client.requests_made, "api_retries": self.client.retries_made}

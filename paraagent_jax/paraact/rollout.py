@@ -244,9 +244,11 @@ def run_rollout(policy: pol.Policy, env, tasks: Sequence[Any], fmt,
     t0 = time.perf_counter()
     env_steps: list[toolenv.Step | None] = [None] * b
     for req, out in zip(requests, outputs):
-      # Always parse the text: the oracle and API policies go through the same
-      # text path as the model, so the protocol is exercised end to end.
-      env_steps[req.episode] = fmt.parse(out.text)
+      # Parse the text (the oracle goes through the same text path as the
+      # model, so the protocol is exercised end to end), except for a policy
+      # that acts structurally (an API model's native tool calls): its Step,
+      # parse failures included, is what it did; the text is its rendering.
+      env_steps[req.episode] = out.step if out.step is not None else fmt.parse(out.text)
     timing["parse_s"] += time.perf_counter() - t0
 
     t0 = time.perf_counter()

@@ -1,5 +1,6 @@
-"""The OpenAI-compatible client against a local server: answers, retries, errors."""
+"""The openai SDK client against a local server: answers, retries, keys, errors."""
 
+import openai
 import pytest
 
 from paraagent_jax import api_client
@@ -11,42 +12,62 @@ def _echo(request):
   return {"role": "assistant", "content": f"echo: {last}"}
 
 
-def test_complete_roundtrip_sends_model_tools_and_messages():
+def test_complete_sends_model_tools_and_options_and_returns_a_dict():
   with ChatServer(_echo) as server:
-    client = api_client.ChatClient(base_url=server.base_url, model="m1", api_key="k")
+    chat = api_client.ChatModel(api_client.make_client(server.base_url, api_key="k"),
+                                model="m1", seed=3, max_tokens=7)
     tools = [{"type": "function", "function": {"name": "search_tools", "parameters": {}}}]
-    msg = client.complete([{"role": "user", "content": "hello"}], tools=tools, max_tokens=7)
+    msg = chat.complete([{"role": "user", "content": "hello"}], tools=tools)
     assert msg == {"role": "assistant", "content": "echo: hello"}
     req = server.requests[0]
-    assert req["model"] == "m1" and req["max_tokens"] == 7
+    assert req["model"] == "m1" and req["max_tokens"] == 7 and req["seed"] == 3
     assert req["tools"] == tools and req["parallel_tool_calls"] is True
+    assert req["temperature"] == 0.0 and server.auth == ["Bearer k"]
+    chat.complete([{"role": "user", "content": "x"}], tools=tools, parallel=False)
+    assert server.requests[1]["parallel_tool_calls"] is False
+    assert "tools" not in chat.complete([{"role": "user", "content": "y"}]) and (
+        "tools" not in server.requests[2])
+    assert [m.id for m in chat.client.models.list()] == ["test"]
 
 
-def test_retries_on_503_then_succeeds():
-  with ChatServer(_echo, fail_first=2) as server:
-    client = api_client.ChatClient(base_url=server.base_url, backoff_s=0.01, max_retries=3)
-    msg = client.complete([{"role": "user", "content": "x"}])
-    assert msg["content"] == "echo: x"
-    assert client.requests_made == 3 and client.retries_made == 2
+@pytest.mark.parametrize("status", [429, 503])
+def test_the_sdk_retries_a_rate_limit_then_succeeds(status):
+  with ChatServer(_echo, fail_first=1, fail_status=status) as server:
+    chat = api_client.ChatModel(api_client.make_client(server.base_url, max_retries=2))
+    assert chat.complete([{"role": "user", "content": "x"}])["content"] == "echo: x"
+    assert len(server.requests) == 2 and chat.requests_made == 1
 
 
-def test_gives_up_after_retries_with_clear_message():
-  with ChatServer(_echo, fail_first=10) as server:
-    client = api_client.ChatClient(base_url=server.base_url, backoff_s=0.01, max_retries=1)
-    with pytest.raises(api_client.APIError, match="giving up after 2 attempts .*HTTP 503"):
-      client.complete([{"role": "user", "content": "x"}])
+def test_gives_up_when_the_retries_are_spent():
+  with ChatServer(_echo, fail_first=10, fail_status=429) as server:
+    chat = api_client.ChatModel(api_client.make_client(server.base_url, max_retries=1))
+    with pytest.raises(openai.RateLimitError, match="429"):
+      chat.complete([{"role": "user", "content": "x"}])
+    assert len(server.requests) == 2
 
 
-def test_non_retryable_error_is_raised_at_once():
+def test_a_refused_request_is_raised_at_once():
   with ChatServer(_echo) as server:
-    client = api_client.ChatClient(base_url=server.base_url + "/nope", backoff_s=0.01)
-    with pytest.raises(api_client.APIError, match="HTTP 404"):
-      client.complete([{"role": "user", "content": "x"}])
-    assert client.requests_made == 1
+    chat = api_client.ChatModel(api_client.make_client(server.base_url + "/nope"))
+    with pytest.raises(openai.NotFoundError):
+      chat.complete([{"role": "user", "content": "x"}])
+
+
+def test_key_and_base_url_come_from_the_environment(monkeypatch):
+  with ChatServer(_echo) as server:
+    monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+    monkeypatch.setenv("MY_KEY", "secret")
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    api_client.ChatModel(api_client.make_client("", "MY_KEY")).complete(
+        [{"role": "user", "content": "x"}])
+    # No key set: the placeholder local servers ignore (the SDK needs one).
+    api_client.ChatModel(api_client.make_client("", "NO_SUCH_VAR")).complete(
+        [{"role": "user", "content": "x"}])
+    assert server.auth == ["Bearer secret", f"Bearer {api_client.NO_KEY}"]
 
 
 def test_unreachable_server_is_retried_then_reported():
-  client = api_client.ChatClient(base_url="http://127.0.0.1:9/v1", backoff_s=0.01,
-                                 max_retries=1, timeout_s=1)
-  with pytest.raises(api_client.APIError, match="giving up"):
-    client.complete([{"role": "user", "content": "x"}])
+  chat = api_client.ChatModel(api_client.make_client("http://127.0.0.1:9/v1", timeout_s=1,
+                                                     max_retries=1))
+  with pytest.raises(openai.APIConnectionError):
+    chat.complete([{"role": "user", "content": "x"}])

@@ -195,11 +195,11 @@ def test_random_tiny_model_runs_and_is_scored_on_bfcl(tmp_path):
 
 
 def test_api_policy_on_bfcl_against_a_local_server(tmp_path):
-  """An OpenAI-compatible server replays the oracle as tool calls, on BFCL."""
+  """An OpenAI-compatible server replays the oracle as native tool calls, on BFCL."""
   import json  # pylint: disable=g-import-not-at-top
   from tests.openai_server import ChatServer  # pylint: disable=g-import-not-at-top
   from toolenv.catalog import bfcl as bfcl_cat  # pylint: disable=g-import-not-at-top
-  from toolenv.schema import META_TOOLS  # pylint: disable=g-import-not-at-top
+  from paraagent_jax.paraact import api_policy  # pylint: disable=g-import-not-at-top
   entries = bfcl_cat.load_entries(BFCL, ("simple_python", "parallel"))
   plans = {}
   for setting in ("open", "closed"):
@@ -213,11 +213,12 @@ def test_api_policy_on_bfcl_against_a_local_server(tmp_path):
     step = plan[sum(m["role"] == "assistant" for m in msgs)]
     if step.phase == "answer":
       return {"role": "assistant", "content": step.answer}
-    calls = [{"id": f"c{i}", "type": "function", "function": (
-        {"name": c.name, "arguments": json.dumps(c.arguments)} if c.name in META_TOOLS else
-        {"name": "call_tool", "arguments": json.dumps({"name": c.name,
-                                                       "arguments": c.arguments})})}
+    offered = {t["function"]["name"] for t in request["tools"]}
+    calls = [{"id": f"c{i}", "type": "function", "function": {
+        "name": api_policy.function_name(c.name), "arguments": json.dumps(c.arguments)}}
              for i, c in enumerate(step.calls)]
+    # Only tools the request offered: found by a search, or given (closed).
+    assert {c["function"]["name"] for c in calls} <= offered
     return {"role": "assistant", "content": step.thought, "tool_calls": calls}
 
   c = _config(benchmarks="bfcl", policy="api", strategies="paraact")

@@ -1,8 +1,9 @@
-"""The API policy end to end: a local OpenAI-compatible server plays the oracle.
+"""The API policy end to end through the openai SDK and a local server.
 
-The server answers with OpenAI tool calls (``search_tools``, ``call_tool``),
-as an API model would; the policy turns them into Steps, the rollout runs them
-in ToolEnv, and the evaluation entry point reports them.
+The server plays the oracle with native OpenAI ``tool_calls`` (only tools the
+request offered); the policy turns them into Steps, the rollout runs them in
+ToolEnv, and the evaluation entry point reports them. Malformed tool calls
+are parse failures, never exceptions; the SDK retries a 429.
 """
 
 import json
@@ -16,8 +17,8 @@ from paraagent_jax import evaluate
 from paraagent_jax import tokenizer as tok_lib
 from paraagent_jax.evaluation import heldout
 from paraagent_jax.evaluation import runner
-from tests.openai_server import ChatServer
-from paraagent_jax.paraact import chat_format, policies, protocol, rollout
+from paraagent_jax.paraact import api_policy, chat_format, protocol, rollout
+from tests.openai_server import ChatServer, oracle_tool_calls, tool_call
 
 
 @pytest.fixture(scope="module")
@@ -25,60 +26,150 @@ def cat():
   return toolenv.load_catalog("procedural", seed=0)
 
 
-def oracle_server(tasks, fail_first=0):
-  """A server whose 'model' replays the oracle's steps as tool calls."""
-  plans = {t.instruction: toolenv.oracle.solve(t, "paraact") for t in tasks}
-
-  def respond(request):
-    msgs = request["messages"]
-    text = "\n".join(str(m.get("content", "")) for m in msgs if m["role"] == "user")
-    plan = next(p for ins, p in plans.items() if ins in text)
-    step = plan[sum(m["role"] == "assistant" for m in msgs)]
-    if step.phase == "answer":
-      return {"role": "assistant", "content": step.answer}
-    calls = []
-    for i, c in enumerate(step.calls):
-      if c.name in toolenv.schema.META_TOOLS:
-        fn = {"name": c.name, "arguments": json.dumps(c.arguments)}
-      else:
-        fn = {"name": "call_tool",
-              "arguments": json.dumps({"name": c.name, "arguments": c.arguments})}
-      calls.append({"id": f"call_{i}", "type": "function", "function": fn})
-    return {"role": "assistant", "content": step.thought, "tool_calls": calls}
-
-  return ChatServer(respond, fail_first=fail_first)
-
-
-def test_api_policy_solves_tasks_through_the_rollout(cat):
-  tasks = toolenv.TaskGenerator(cat, seed=0).generate(10, split="test")
+@pytest.fixture(scope="module")
+def fmt():
   tok = tok_lib.train_bpe_tokenizer([protocol.system_prompt()] * 2, vocab_size=600)
-  fmt = chat_format.ChatFormat(tok, strategy="paraact")
-  with oracle_server(tasks, fail_first=1) as server:
-    client = api_client.ChatClient(base_url=server.base_url, model="gpt-4.1",
-                                   backoff_s=0.01, max_retries=3)
-    policy = policies.APIPolicy(fmt, client, concurrency=4)
+  return chat_format.ChatFormat(tok, strategy="paraact")
+
+
+def _chat(server, **kw):
+  return api_client.ChatModel(api_client.make_client(server.base_url, api_key="k", **kw),
+                              model="gpt-4.1")
+
+
+def test_function_calling_solves_tasks_through_the_rollout(cat, fmt):
+  tasks = toolenv.TaskGenerator(cat, seed=0).generate(5, split="test")
+  with ChatServer(oracle_tool_calls(tasks), fail_first=1, fail_status=429) as server:
+    chat = _chat(server, max_retries=2)
+    policy = api_policy.APIPolicy(fmt, chat, catalog=cat, concurrency=4)
     env = toolenv.VectorToolEnv(cat, num_envs=len(tasks))
-    res = rollout.run_rollout(policy, env, tasks, fmt, rollout.RolloutConfig(max_turns=12, max_len=8192))
+    # Observations whole: a cut one would hide found tools from the model.
+    res = rollout.run_rollout(policy, env, tasks, fmt, rollout.RolloutConfig(
+        max_turns=12, max_len=16384, max_obs_tokens=4096))
     sent = list(server.requests)
   assert all(e["success"] for e in res.episodes)
   turns = sum(len(toolenv.oracle.solve(t)) for t in tasks)
-  assert client.requests_made == turns + 1 and client.retries_made == 1
-  # The API model saw the tool schema and the observations of earlier turns.
-  assert sent[-1]["tools"] == policies.API_TOOLS
-  assert any(m["role"] != "assistant" and "[1]" in str(m.get("content"))
-             for r in sent for m in r["messages"])
+  # The 429 was retried by the SDK: one request more than turns, one policy request per turn.
+  assert len(sent) == turns + 1 and chat.requests_made == turns
+  assert policy.stats()["api_malformed_turns"] == 0
+  # Tools grow as searches find them: search_tools first, catalog schemas after.
+  last = sent[-1]
+  names = [t["function"]["name"] for t in last["tools"]]
+  assert names[:2] == ["search_tools", "get_tool_doc"] and len(names) > 2
+  found = next(t["function"] for t in last["tools"][2:])
+  tool = cat.get(found["name"])
+  assert set(found["parameters"]["properties"]) == set(tool.properties)
+  assert found["parameters"]["required"] == list(tool.required)
+  assert last["parallel_tool_calls"] is True and last["model"] == "gpt-4.1"
+  # Every tool call got its own tool message with that call's result block.
+  for req in sent[1:]:
+    msgs = req["messages"]
+    for i, m in enumerate(msgs):
+      if m["role"] == "assistant" and m.get("tool_calls"):
+        answers = msgs[i + 1:i + 1 + len(m["tool_calls"])]
+        assert [a.get("tool_call_id") for a in answers] == [c["id"] for c in m["tool_calls"]]
+        assert [a["content"][:4] for a in answers] == [f"[{k + 1}] " for k in
+                                                       range(len(answers))]
+
+
+def _scripted(replies):
+  """A server answering each task's turn t with ``replies[t]`` (tool_calls or text)."""
+  def respond(request):
+    t = sum(m["role"] == "assistant" for m in request["messages"])
+    calls = replies[min(t, len(replies) - 1)]
+    if isinstance(calls, str):
+      return {"role": "assistant", "content": calls}
+    return {"role": "assistant", "content": None,
+            "tool_calls": [c if isinstance(c, dict) else tool_call(i, *c)
+                           for i, c in enumerate(calls)]}
+  return respond
+
+
+def test_malformed_tool_calls_are_parse_failures_not_exceptions(cat, fmt):
+  task = toolenv.TaskGenerator(cat, seed=0).generate(1, split="test", kinds=("single",))[0]
+  good = ("search_tools", {"query": "weather"})
+  replies = [
+      [good, ("search_tools", '{"query": "x"')],                 # bad JSON
+      [("no_such_tool", {"a": 1})],                                # unknown tool
+      [{"id": "c", "type": "function", "function": {"arguments": "{}"}}],  # no name
+      [("search_tools", "[1, 2]"), {"id": "d"}],                   # not an object; no function
+      [good],                                                       # well formed
+      "",                                                           # an empty reply
+      "final answer",
+  ]
+  with ChatServer(_scripted(replies)) as server:
+    policy = api_policy.APIPolicy(fmt, _chat(server), catalog=cat)
+    env = toolenv.VectorToolEnv(cat, num_envs=1)
+    res = rollout.run_rollout(policy, env, [task], fmt,
+                              rollout.RolloutConfig(max_turns=7, max_len=8192))
+    sent = list(server.requests)
+  rec = res.episodes[0]
+  assert rec["turns"] == 7 and rec["parse_errors"] == 5 and rec["answer"] == "final answer"
+  stats = policy.stats()
+  assert stats == {"api_requests": 7, "api_malformed_turns": 5, "api_calls_dropped": 5,
+                   "api_json_errors": 1, "api_not_objects": 1, "api_unknown_tools": 1,
+                   "api_missing_names": 2}
+  # The environment ran none of a malformed turn's calls and said why.
+  second = sent[1]["messages"]
+  errs = [m["content"] for m in second if m["role"] == "tool"]
+  assert len(errs) == 2 and all("could not parse your step" in e for e in errs)
+  assert protocol.JSON_ERROR in errs[0]
+  # The transcript shows what was wrong; the well-formed search ran.
+  assistant = [t["text"] for t in rec["transcript"] if t["role"] == "assistant"]
+  assert "unknown tool 'no_such_tool'" in assistant[1]
+  result = [m["content"] for m in sent[5]["messages"] if m["role"] == "tool"][-1]
+  assert result and not result.startswith("error")
+
+
+def test_message_to_step_infers_the_phase_from_the_calls():
+  tools = {"search_tools": "search_tools", "a_b": "a.b"}
+  def step(*calls):
+    msg = {"role": "assistant", "content": "why",
+           "tool_calls": [tool_call(i, n, {}) for i, n in enumerate(calls)]}
+    return api_policy.message_to_step(msg, tools)[0]
+  assert step("search_tools", "search_tools").phase == "explore"
+  s = step("a_b", "a_b")
+  assert s.phase == "execute" and [c.name for c in s.calls] == ["a.b", "a.b"]
+  assert step("search_tools", "a_b").phase == "execute"     # mixed: execute, as interleaved
+  assert s.thought == "why" and s.parse_error is None
+  assert api_policy.function_name("math.factorial") == "math_factorial"
+  bad = {"role": "assistant", "tool_calls": [
+      tool_call(0, "search_tools", '{"query"'), tool_call(1, "a_b", {"x": 1}), {"id": "call_0"}]}
+  s, history, counts = api_policy.message_to_step(bad, tools, turn=3)
+  assert s.parse_error and [c.name for c in s.calls] == ["a.b"]
+  assert counts == {"json_errors": 1, "missing_names": 1, "calls_dropped": 2}
+  # The text parser's failure counts read an API step as they read a parsed one.
+  assert protocol.failure_counts(s) == {"calls_dropped": 2, "json_errors": 1}
+  # The history keeps every call, with unique ids and string names and arguments.
+  assert [(c["id"], c["function"]["name"]) for c in history["tool_calls"]] == [
+      ("call_0", "search_tools"), ("call_1", "a_b"), ("call_3_2", "unnamed")]
+
+
+def test_text_protocol_option_parses_our_tags(cat, fmt):
+  task = toolenv.TaskGenerator(cat, seed=0).generate(1, split="test", kinds=("single",))[0]
+  steps = toolenv.oracle.solve(task)
+  replies = [fmt.render(s) for s in steps]
+  with ChatServer(_scripted(replies)) as server:
+    policy = api_policy.APIPolicy(fmt, _chat(server), catalog=cat, tool_calling=False)
+    env = toolenv.VectorToolEnv(cat, num_envs=1)
+    res = rollout.run_rollout(policy, env, [task], fmt, rollout.RolloutConfig(max_len=8192))
+    sent = list(server.requests)
+  assert res.episodes[0]["success"]
+  assert "tools" not in sent[-1] and sent[-1]["messages"][0]["content"] == fmt.system_text
+  # Observations go back as user messages (a tool message needs a tool call).
+  assert [m["role"] for m in sent[-1]["messages"]][-2:] == ["assistant", "user"]
+  assert json.dumps(sent[-1]).count("[1]") >= 1
 
 
 @pytest.mark.slow
 def test_evaluate_with_policy_api_end_to_end(cat, tmp_path):
   c = config_utils.load_config("configs/evaluate.py:runlocal")
   c.policy = "api"
-  c.num_per_kind = 1
   c.strategies = "paraact"
-  tasks = heldout.HeldOut(heldout.HeldOutSpec(num_tasks=5), catalog=cat).tasks
-  with oracle_server(tasks) as server:
+  tasks = heldout.HeldOut(heldout.HeldOutSpec(num_tasks=10), catalog=cat).tasks
+  with ChatServer(oracle_tool_calls(tasks)) as server:
     c.api.base_url = server.base_url
     evaluate.run(c, str(tmp_path))
   recs = runner.read_records(runner.records_path(str(tmp_path), "toolenv-procedural",
                                                  "api", "paraact"))
-  assert len(recs) == 5 and all(r["success"] for r in recs)
+  assert len(recs) == 10 and all(r["success"] for r in recs)
