@@ -68,6 +68,8 @@ def get_config(arg=None):
   c.text_max_len = 32768           # token budget of oracle/API episodes (no KV cache)
   # api: base_url "" = $OPENAI_BASE_URL (else the SDK's default endpoint);
   # tool_calling: native function calling (False: our tags in plain text);
+  # strict_tools: a call of a tool not given is a parse failure (False: the
+  # environment answers it, as in-process; for served checkpoints);
   # retries and timeout are the openai SDK's; concurrency: episodes asked at
   # once; max_tokens: per answer (0: the endpoint's default); max_obs_tokens:
   # observations whole (0), as a cut one hides found tools (a served
@@ -75,7 +77,8 @@ def get_config(arg=None):
   # docs/evaluation.md).
   c.api = ml_collections.ConfigDict(dict(
       base_url="", model="gpt-4.1", api_key_env="OPENAI_API_KEY", tool_calling=True,
-      timeout_s=120.0, max_retries=4, concurrency=8, max_tokens=0, max_obs_tokens=0))
+      strict_tools=True, timeout_s=120.0, max_retries=4, concurrency=8, max_tokens=0,
+      max_obs_tokens=0))
   if a.runlocal:
     c.num_per_kind = 2
     c.batch_size = 8

@@ -3,11 +3,11 @@
 One folder per layer; imports only point down (checked by ``lint-imports``,
 pyproject.toml), from the entry points to the utilities:
 
-  train evaluate export_hf        command-line entry points (flags, errors)
+  train evaluate export_hf serve  command-line entry points (flags, errors)
   dry_run cli                     the dry run; the shared flags
   trainer/                        stage loops, train state, resume
   evaluation/ coldstart/ data/    evaluations and reports; demonstrations;
-                                  SFT data
+  serving/                        SFT data; a policy behind the chat API
   rundir                          a run directory: lock, config, tokenizer,
                                   checkpoint -> model
   paraact/                        the ParaAct loop: protocol, rollout, policies

@@ -100,14 +100,14 @@ def policy_tokenizer(config, checkpoint: str, workdir: str = ""):
 
 def api_policy_from_config(api, fmt, catalog=None, seed: int | None = None):
   """The API policy of ``config.api`` (base_url, model, api_key_env,
-  tool_calling, timeout_s, max_retries, concurrency, max_tokens) for
+  tool_calling, strict_tools, timeout_s, max_retries, concurrency, max_tokens) for
   ``fmt``'s strategy."""
   client = api_client.make_client(api.base_url, api.api_key_env, timeout_s=api.timeout_s,
                                   max_retries=api.max_retries)
   chat = api_client.ChatModel(client, model=api.model, seed=seed,
                               max_tokens=api.max_tokens or None)
   return api_policy.APIPolicy(fmt, chat, catalog=catalog, tool_calling=api.tool_calling,
-                              concurrency=api.concurrency)
+                              strict_tools=api.strict_tools, concurrency=api.concurrency)
 
 
 def api_stats_line(model: str, strategy: str, stats: dict) -> str:

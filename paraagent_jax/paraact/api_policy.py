@@ -18,13 +18,15 @@ Two ways to talk to the model (``tool_calling``):
   trained model's, observations go back as user messages.
 
 Malformed tool calls never raise: a call that is not an object, has no
-function name, names a tool the episode was not given, or whose
-``arguments`` are not valid JSON or not a JSON object makes the turn a parse
-failure (``Step.parse_error`` names each bad call, as the text parser names
-a bad ``<call>``; the environment runs none of the turn's calls and answers
-with an error observation), and so does an empty reply. `APIPolicy.stats`
-counts them: malformed turns, calls dropped (the bad calls), and among those
-JSON errors, arguments not an object, unknown tools, missing names.
+function name, names a tool the episode was not given (``strict_tools``), or
+whose ``arguments`` are not valid JSON or not a JSON object makes the turn a
+parse failure (``Step.parse_error`` names each bad call, as the text parser
+names a bad ``<call>``; the environment runs none of the turn's calls and
+answers with an error observation), and so do an empty reply and a served
+policy's own malformed turn (a call of `INVALID_STEP`, whose error becomes
+the step's). `APIPolicy.stats` counts them: malformed turns, calls dropped
+(the bad calls), and among those JSON errors, arguments not an object,
+unknown tools, missing names, model parse errors.
 """
 
 from __future__ import annotations
@@ -68,6 +70,9 @@ STRATEGY_LINES = {
     "plan_execute": ("First search until you have every tool you need, then only call "
                      "them: do not search again after your first call of a found tool."),
 }
+# A served policy's malformed turn (`serving.policy_server`): a call of this
+# name whose arguments hold the model's text and its parser's error.
+INVALID_STEP = "invalid_step"
 _SCHEMA_TYPES = ("string", "integer", "number", "boolean", "array", "object", "null")
 _LEADING_NAME = re.compile(r"\s*([A-Za-z0-9_.\-/]+)\s*[:(]")
 _DOC_NAME = re.compile(r'"name":\s*"([^"]+)"')
@@ -141,17 +146,22 @@ class APIPolicy(policies.Policy):
     catalog: the benchmark's catalog (tool schemas of found tools); None
       offers found tools with an open ``{"type": "object"}`` schema.
     tool_calling: native function calling (True) or our text protocol.
+    strict_tools: a call of a tool the episode was not given is a parse
+      failure (True); False hands it to the environment, which answers an
+      unknown tool with an error as it does a text-protocol call (a served
+      checkpoint's evaluation: the in-process rollout's rule).
     concurrency: episodes asked at once (threads).
   """
 
   name = "api"
 
   def __init__(self, fmt, chat, *, catalog=None, tool_calling: bool = True,
-               concurrency: int = 8):
+               strict_tools: bool = True, concurrency: int = 8):
     self.fmt = fmt
     self.chat = chat
     self.catalog = catalog
     self.tool_calling = tool_calling
+    self.strict_tools = strict_tools
     self.concurrency = concurrency
     strategy = getattr(fmt.strategy, "name", "")
     self.parallel = getattr(fmt.strategy, "max_calls", None) != 1
@@ -161,7 +171,8 @@ class APIPolicy(policies.Policy):
     self._episodes: list[_Episode] = []
     self._lock = threading.Lock()
     self._counts = dict.fromkeys(("malformed_turns", "calls_dropped", "json_errors",
-                                  "not_objects", "unknown_tools", "missing_names"), 0)
+                                  "not_objects", "unknown_tools", "missing_names",
+                                  "model_parse_errors"), 0)
 
   def reset(self, num_episodes, tasks, seed=0):
     del tasks, seed
@@ -188,7 +199,8 @@ class APIPolicy(policies.Policy):
       return self._text_turn(ep, r)
     self._take_context(ep, r.new_messages)
     message = self.chat.complete(ep.messages, tools=ep.specs, parallel=self.parallel)
-    step, history, counts = message_to_step(message, ep.tools, turn=len(ep.messages))
+    step, history, counts = message_to_step(message, ep.tools, turn=len(ep.messages),
+                                            strict=self.strict_tools)
     if step.parse_error is not None:
       counts["malformed_turns"] = 1
     self._count(**counts)
@@ -268,11 +280,15 @@ class APIPolicy(policies.Policy):
                                         thought=note))
 
 
-def _read_call(tc: Any, tools: dict[str, str]) -> tuple[toolenv.Call | None, str | None, str]:
+def _read_call(tc: Any, tools: dict[str, str], strict: bool = True
+               ) -> tuple[toolenv.Call | None, str | None, str]:
   """One tool call: (call, None, "") or (None, error, counter name).
 
   The errors start as `protocol`'s do for the same fault in text, so
   `protocol.failure_counts` reads an API step as it reads a parsed one.
+  ``strict`` False: a name not in ``tools`` is a call all the same (the
+  environment answers a tool it does not know with an error, as it does a
+  text-protocol call).
   """
   fn = tc.get("function") if isinstance(tc, dict) else None
   if not isinstance(fn, dict):
@@ -280,9 +296,12 @@ def _read_call(tc: Any, tools: dict[str, str]) -> tuple[toolenv.Call | None, str
   name = fn.get("name")
   if not isinstance(name, str) or not name:
     return None, f"{protocol.NO_NAME_ERROR} (a tool call without a name)", "missing_names"
-  if name not in tools:
-    return None, f"unknown tool {name[:60]!r} (not among the tools given)", "unknown_tools"
   raw = fn.get("arguments")
+  if name == INVALID_STEP:
+    error = _served_error(raw)
+    return None, error, "model_parse_errors"
+  if strict and name not in tools:
+    return None, f"unknown tool {name[:60]!r} (not among the tools given)", "unknown_tools"
   if raw is None or raw == "":
     args: Any = {}
   elif isinstance(raw, str):
@@ -294,14 +313,25 @@ def _read_call(tc: Any, tools: dict[str, str]) -> tuple[toolenv.Call | None, str
     args = raw
   if not isinstance(args, dict):
     return None, f"{protocol.NOT_OBJECT_ERROR} ({name} arguments)", "not_objects"
-  return toolenv.Call(tools[name], args), None, ""
+  return toolenv.Call(tools.get(name, name), args), None, ""
 
 
-def message_to_step(message: dict[str, Any], tools: dict[str, str], turn: int = 0):
+def _served_error(raw: Any) -> str:
+  """The parser's error a served policy sent with its malformed turn."""
+  try:
+    error = json.loads(raw).get("error") if isinstance(raw, str) else None
+  except (ValueError, AttributeError, RecursionError):
+    error = None
+  return error if isinstance(error, str) and error else "a malformed turn (served policy)"
+
+
+def message_to_step(message: dict[str, Any], tools: dict[str, str], turn: int = 0,
+                    strict: bool = True):
   """An assistant message -> (Step, the message for the history, counters).
 
   Never raises on what the message holds. ``tools``: function name ->
-  catalog name of the tools the episode was given.
+  catalog name of the tools the episode was given; ``strict``: whether a
+  call of another name is a parse failure (`_read_call`).
   """
   content = message.get("content")
   content = content if isinstance(content, str) else ""
@@ -315,13 +345,18 @@ def message_to_step(message: dict[str, Any], tools: dict[str, str], turn: int = 
     return step, {"role": "assistant", "content": content}, {}
   calls, errors, counts, history, seen = [], [], {}, [], set()
   for i, tc in enumerate(raw_calls):
-    call, error, counter = _read_call(tc, tools)
+    call, error, counter = _read_call(tc, tools, strict)
     if call is not None:
       calls.append(call)
     else:
       errors.append(error)
       counts[counter] = counts.get(counter, 0) + 1
-      counts["calls_dropped"] = counts.get("calls_dropped", 0) + 1
+      # A served model's own parse error counts what it lost, as in-process.
+      lost = (protocol.failure_counts(toolenv.Step("execute", parse_error=error))
+              if counter == "model_parse_errors" else {"calls_dropped": 1})
+      for k, v in lost.items():
+        if v:
+          counts[k] = counts.get(k, 0) + v
     history.append(_history_call(tc, f"call_{turn}_{i}", seen))
   thought = " ".join(content.split())[:200]
   phase = strategy_lib.infer_phase(toolenv.Step(phase="execute", calls=calls))
