@@ -35,23 +35,9 @@ class ChatServer(openai_http.ChatHTTPServer):
 
   def __init__(self, responder: Responder, fail_first: int = 0, host: str = "127.0.0.1",
                fail_status: int = 503, model: str = "test"):
-    super().__init__(self._guarded, model=model, host=host)
-    self._respond = responder
+    super().__init__(responder, model=model, host=host)
     self.fail_first = fail_first
     self.fail_status = fail_status
-
-  def _guarded(self, request):
-    try:
-      return self._respond(request)
-    except Exception as e:  # pylint: disable=broad-except
-      raise _Failed(repr(e)) from e
-
-  def answer(self, request):
-    try:
-      return super().answer(request)
-    except _Failed as e:
-      return 500, {"error": {"message": f"responder failed: {e}"}}, [
-          ("x-should-retry", "false")]
 
   def before_answer(self, request):
     with self.lock:
@@ -62,10 +48,6 @@ class ChatServer(openai_http.ChatHTTPServer):
       return self.fail_status, {"error": {"message": "overloaded (test)"}}, [
           ("retry-after-ms", "10")]
     return None
-
-
-class _Failed(Exception):
-  """The test responder raised."""
 
 
 def tool_call(i: int, name: Any, arguments: Any) -> dict[str, Any]:

@@ -9,7 +9,8 @@ It answers ``GET /v1/models`` (the one model) and ``POST
 assistant message dict``; the answer is the chat-completion object the
 ``openai`` SDK reads. A responder raises `RequestError` for a request it
 cannot serve (answered 400 with the message, the way OpenAI answers, so the
-SDK does not retry it). No streaming, one choice (``n`` is ignored).
+SDK does not retry it); any other exception is a 500 the SDK is told not to
+retry. No streaming, one choice (``n`` is ignored).
 Requests are served in threads; the responder serialises what must be.
 """
 
@@ -64,6 +65,10 @@ class ChatHTTPServer:
       message = self.responder(request)
     except RequestError as e:
       return _error(400, str(e))
+    except Exception as e:  # pylint: disable=broad-except
+      # A failing responder is reported to the client, which would only
+      # fail the same way again: not retried (the SDK reads x-should-retry).
+      return _error(500, f"the responder failed: {e!r}", [("x-should-retry", "false")])
     with self.lock:
       self._count += 1
       n = self._count

@@ -71,3 +71,13 @@ def test_unreachable_server_is_retried_then_reported():
                                                      max_retries=1))
   with pytest.raises(openai.APIConnectionError):
     chat.complete([{"role": "user", "content": "x"}])
+
+
+def test_a_failing_responder_is_a_500_the_sdk_does_not_retry():
+  def broken(request):
+    raise KeyError("boom")
+  with ChatServer(broken) as server:
+    chat = api_client.ChatModel(api_client.make_client(server.base_url, max_retries=3))
+    with pytest.raises(openai.InternalServerError, match="boom"):
+      chat.complete([{"role": "user", "content": "x"}])
+    assert len(server.requests) == 1

@@ -27,6 +27,12 @@ def cat():
 
 
 @pytest.fixture(scope="module")
+def tasks(cat):
+  # Made once: the first task generation indexes the catalog (seconds).
+  return toolenv.TaskGenerator(cat, seed=0).generate(5, split="test")
+
+
+@pytest.fixture(scope="module")
 def fmt():
   tok = tok_lib.train_bpe_tokenizer([protocol.system_prompt()] * 2, vocab_size=600)
   return chat_format.ChatFormat(tok, strategy="paraact")
@@ -37,8 +43,7 @@ def _chat(server, **kw):
                               model="gpt-4.1")
 
 
-def test_function_calling_solves_tasks_through_the_rollout(cat, fmt):
-  tasks = toolenv.TaskGenerator(cat, seed=0).generate(5, split="test")
+def test_function_calling_solves_tasks_through_the_rollout(cat, fmt, tasks):
   with ChatServer(oracle_tool_calls(tasks), fail_first=1, fail_status=429) as server:
     chat = _chat(server, max_retries=2)
     policy = api_policy.APIPolicy(fmt, chat, catalog=cat, concurrency=4)

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 
+import openai
 import pytest
 
 import toolenv
@@ -36,11 +37,16 @@ def tok():
   return tok_lib.load_tokenizer(DEMO)
 
 
-def test_server_context_is_the_in_process_token_stream(cat, tok):
+@pytest.fixture(scope="module")
+def tasks(cat):
+  # Made once: the first task generation indexes the catalog (seconds).
+  return toolenv.TaskGenerator(cat, seed=0).generate(5, split="test")
+
+
+def test_server_context_is_the_in_process_token_stream(cat, tok, tasks):
   """The API policy's conversation, mapped back by the server, gives the ids
   the in-process rollout built for the same episode (oracle turns, the demo
   tokenizer, observations cut at the same budget)."""
-  tasks = toolenv.TaskGenerator(cat, seed=0).generate(5, split="test")
   fmt = chat_format.ChatFormat(tok, "paraact")
   rcfg = rollout.RolloutConfig(max_turns=12, max_len=8192, max_obs_tokens=160)
   ref = rollout.run_rollout(policies.OraclePolicy(fmt), toolenv.VectorToolEnv(cat, 5),
@@ -86,6 +92,12 @@ def test_turn_messages_and_bad_requests(tok):
                             {"role": "assistant", "content": "x"}], "nothing to answer")):
     with pytest.raises(openai_http.RequestError, match=match):
       served.context_ids(messages)
+  # Over HTTP a bad conversation is a 400 the SDK does not retry.
+  with openai_http.ChatHTTPServer(served.respond) as server:
+    chat = api_client.ChatModel(api_client.make_client(server.base_url, max_retries=3))
+    with pytest.raises(openai.BadRequestError, match="start with the task"):
+      chat.complete([{"role": "system", "content": "s"}])
+    assert len(server.requests) == 1
 
 
 def test_command_line_errors_are_one_line(capsys):
