@@ -253,8 +253,9 @@ class APIPolicy(policies.Policy):
     """Offers every catalog tool named at the start of a line (search
     results) or as a doc's ``"name"`` in ``blocks``."""
     for block in blocks:
-      lines = block.splitlines()
-      lines += [_HEAD.sub("", line) for line in lines[:1]]
+      # A line may open a call's block ("[2] search_tools: name: ..."), also
+      # inside an observation that could not be split.
+      lines = [_HEAD.sub("", line) for line in block.splitlines()]
       names = [m.group(1) for m in map(_LEADING_NAME.match, lines) if m]
       names += _DOC_NAME.findall(block)[:1]
       for name in names:

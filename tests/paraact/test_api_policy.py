@@ -151,6 +151,24 @@ def test_message_to_step_infers_the_phase_from_the_calls():
       ("call_0", "search_tools"), ("call_1", "a_b"), ("call_3_2", "unnamed")]
 
 
+def test_found_tools_are_offered_from_split_and_unsplit_observations(cat, fmt):
+  names = cat.names[:3]
+  obs = (f'[1] get_tool_doc: {{"name": "{names[0]}", "parameters": {{}}}}\n'
+         f"[2] search_tools: {names[1]}: d (x*: str)\n{names[2]}(y: int)")
+  policy = api_policy.APIPolicy(fmt, None, catalog=cat)
+  for pending in (["a", "b"], ["a", "b", "c"]):     # two blocks; not three
+    policy.reset(1, [None])
+    ep = policy._episodes[0]
+    ep.messages, ep.pending = [{"role": "system", "content": ""}], list(pending)
+    policy._take_context(ep, [{"role": "tool", "content": obs}])
+    sent = [m["content"] for m in ep.messages[1:]]
+    assert [m["tool_call_id"] for m in ep.messages[1:]] == pending
+    assert sent == (obs.split("\n[2]")[:1] + ["[2]" + obs.split("\n[2]")[1]]
+                    if len(pending) == 2 else [obs] * 3)
+    assert api_policy.join_blocks(sent) == obs           # what a served policy reads back
+    assert sorted(list(ep.tools.values())[2:]) == sorted(names)
+
+
 def test_text_protocol_option_parses_our_tags(cat, fmt):
   task = toolenv.TaskGenerator(cat, seed=0).generate(1, split="test", kinds=("single",))[0]
   steps = toolenv.oracle.solve(task)
