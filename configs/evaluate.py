@@ -65,6 +65,9 @@ def get_config(arg=None):
   c.rollout = ml_collections.ConfigDict(dict(
       max_turns=40, max_turn_tokens=r.max_turn_tokens, max_len=2048,
       max_obs_tokens=DEMO_MAX_OBS_TOKENS))
+  # The turns' format (docs/protocol.md, "Formats"): the one the checkpoint was
+  # trained in ("tags" or "qwen3"); chat_template: a Jinja file ("" = the tokenizer's).
+  c.protocol = ml_collections.ConfigDict(dict(format="tags", chat_template=""))
   c.text_max_len = 32768           # token budget of oracle/API episodes (no KV cache)
   # api: base_url "" = $OPENAI_BASE_URL (else the SDK's default endpoint);
   # tool_calling: native function calling (False: our tags in plain text);

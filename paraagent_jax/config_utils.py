@@ -342,6 +342,12 @@ def train_defaults() -> ml_collections.ConfigDict:
   c.progress = True
   c.tensorboard = True
 
+  # How every turn is written (docs/protocol.md, "Formats"): "tags"
+  # (<call>{...}</call> ... </step>, the CPU demo's) or "qwen3" (<tool_call>
+  # blocks, tool messages, every turn through the tokenizer's own chat template).
+  # chat_template: a Jinja file used instead of the tokenizer's ("" = its own).
+  c.protocol = ml_collections.ConfigDict(dict(format="tags", chat_template=""))
+
   # The RL stage's own keys, so that overrides like rl.group_size=8 are
   # typed and checked.
   c.rl = rl_defaults()

@@ -10,7 +10,8 @@ The run config (``WORKDIR/config.json``, written by `paraagent_jax.rundir.write_
 gives the model architecture and the tokenizer; the weights come from
 ``WORKDIR/checkpoints/<step>`` (the latest step unless --step). The output is
 `hf_io.save_hf`'s directory (loadable by ``AutoModelForCausalLM`` and, when the
-run had a tokenizer, ``AutoTokenizer`` with the ParaAct chat template) plus a
+run had a tokenizer, ``AutoTokenizer`` with the run's chat template: the
+tokenizer's, or ``protocol.chat_template`` when the run set one) plus a
 README.md model card with the training config and any eval results found in
 the workdir.
 """
@@ -125,6 +126,12 @@ def export(workdir: str, out_dir: str, step: int | None = None,
   if not fileio.isfile(os.path.join(tok_path, "tokenizer.json")):
     tok_path = ""   # synthetic data: no tokenizer to export
   tokenizer = tok_lib.load_tokenizer(tok_path) if tok_path else None
+  template = str((config.get("protocol") or {}).get("chat_template", "") or "")
+  if tokenizer is not None and template:
+    # The template the run's turns went through (protocol.chat_template), so
+    # that the exported model is served with the tokens it was trained on.
+    with fileio.open(template) as f:
+      tokenizer.chat_template = f.read()
   model, step = rundir.load_model(workdir, len(tokenizer) if tokenizer else 0, step)
   model_cfg = model.config
   files = hf_io.save_hf(model, out_dir, tokenizer=tokenizer,

@@ -223,8 +223,8 @@ class ModelSpec:
   """A run's model settings: ``model.*`` and ``init_from``, read once.
 
   `qwen3_config` resolves them: ``init_from``'s HF config.json when it is an
-  HF directory (with the other ``model.*`` keys as overrides), else the
-  preset, its vocabulary ``vocab_size`` or (when that is 0) the data's.
+  HF directory or a workdir whose run started from one (`hf_origin`; with the
+  other ``model.*`` keys as overrides), else the preset, its vocabulary ``vocab_size`` or (when that is 0) the data's.
   """
   preset: str
   vocab_size: int
@@ -236,14 +236,33 @@ class ModelSpec:
     overrides = dict(self.overrides)
     vocab = int(self.vocab_size) or int(vocab_size)
     try:
-      if check_init_from(self.init_from) == "hf":
-        with fileio.open(os.path.join(self.init_from, "config.json")) as f:
+      hf = hf_origin(self.init_from)
+      if hf:
+        with fileio.open(os.path.join(hf, "config.json")) as f:
           return qwen3.Qwen3Config.from_hf_dict(json.load(f), **overrides)
       if vocab:
         overrides["vocab_size"] = vocab
       return qwen3.Qwen3Config.preset(self.preset, **overrides)
     except (ValueError, TypeError) as e:
       raise config_utils.ConfigError(f"model: {e}") from None
+
+
+def hf_origin(init_from: str, depth: int = 4) -> str:
+  """The HF directory whose architecture a run from ``init_from`` has: itself,
+  or for a training workdir the one its own run started from (followed
+  through a few workdirs: a pipeline's sft -> sft2 -> rl); "" if none."""
+  kind = check_init_from(init_from)
+  if kind == "hf":
+    return init_from
+  if kind != "orbax" or depth <= 0:
+    return ""
+  path = os.path.join(init_from, CONFIG_FILE)
+  try:   # the saved run config as plain JSON (no ConfigDict below the doors)
+    with fileio.open(path) as f:
+      parent = str(json.load(f).get("init_from", "") or "")
+    return hf_origin(parent, depth - 1) if parent else ""
+  except (OSError, ValueError, AttributeError):
+    return ""   # a step dir, an unreadable config, a gone parent: the preset's
 
 
 def model_spec(config) -> ModelSpec:
@@ -284,15 +303,13 @@ def load_model(path: str, vocab_size: int = 0, step: int | None = None
     raise config_utils.ConfigError(f"{path}: neither an HF directory nor a training "
                                    "workdir with checkpoints")
   run_cfg = load_run_config(path)
-  # The architecture of a run that started from an HF directory is that
-  # directory's config.json (the run's model.* keys are overrides on it):
-  # keep init_from for it while it exists; the weights come from the
-  # checkpoint below, never from init_from.
+  # The architecture of a run that started from an HF directory (itself or
+  # through earlier workdirs) is that directory's config.json (the run's
+  # model.* keys are overrides on it): init_from points there while it
+  # exists; the weights come from the checkpoint below, never from init_from.
   try:
-    started_from_hf = check_init_from(run_cfg.get("init_from", "")) == "hf"
+    run_cfg.init_from = hf_origin(str(run_cfg.get("init_from", "") or ""))
   except config_utils.ConfigError:
-    started_from_hf = False
-  if not started_from_hf:
     run_cfg.init_from = ""
   vocab = int(run_cfg.model.get("vocab_size", 0)) or int(vocab_size) or int(
       run_cfg.data.get("vocab_size", 0))

@@ -90,7 +90,8 @@ def build_demonstrations(config, out_dir: str) -> dict:
   """Builds demonstrations and tasks for both splits into ``out_dir``.
 
   Args:
-    config: the ml_collections config (reads ``config.data``).
+    config: the ml_collections config (reads ``config.data`` and
+      ``config.protocol.format``).
     out_dir: output directory (created).
 
   Returns:
@@ -107,7 +108,9 @@ def build_demonstrations(config, out_dir: str) -> dict:
   roles = make_roles(data, catalog, seed)
   orch = orch_lib.Orchestrator(catalog, roles, batch_size=int(data.batch_size),
                                verbose=True, thoughts=str(data.thoughts),
-                               obs_format=str(data.obs_format))
+                               obs_format=str(data.obs_format),
+                               protocol_format=str((config.get("protocol") or {}).get(
+                                   "format", "tags")))
   fileio.makedirs(out_dir)
   stats: dict[str, Any] = {"backend": roles.name, "seed": seed}
   for split, n in (("train", num_tasks), ("test", num_test)):

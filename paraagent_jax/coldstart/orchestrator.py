@@ -29,7 +29,9 @@ import time
 from typing import Any, Generator, Sequence
 
 from paraagent_jax.coldstart.roles import Context, RoleOutput, RoleSet, step_of
+from paraagent_jax.paraact import formats
 from paraagent_jax.paraact import protocol
+from paraagent_jax.paraact import qwen3_format
 from paraagent_jax.paraact.strategies import get_strategy
 from toolenv import oracle
 from toolenv.env import VectorToolEnv
@@ -78,12 +80,17 @@ class Orchestrator:
       demonstrations (the CPU demo) without changing any call.
     obs_format: ToolEnv's observation format ("full" or "compact"); the
       policy trained on these demonstrations must be run in the same one.
+    protocol_format: how the steps are written (``protocol.format``): "tags"
+      (assistant text `protocol.render_step`) or "qwen3" (the phase tag and
+      thought as content plus ``tool_calls``, `qwen3_format.assistant_message`,
+      which the chat template renders); the system prompt is that format's.
   """
 
   THOUGHTS = ("full", "plan", "none")
 
   def __init__(self, catalog, roles: RoleSet, batch_size: int = 256, verbose: bool = False,
-               thoughts: str = "full", obs_format: str = "full"):
+               thoughts: str = "full", obs_format: str = "full",
+               protocol_format: str = formats.TAGS):
     if thoughts not in self.THOUGHTS:
       raise ValueError(f"thoughts={thoughts!r}; expected one of {self.THOUGHTS}")
     self.catalog = catalog
@@ -91,7 +98,10 @@ class Orchestrator:
     self.batch_size = batch_size
     self.verbose = verbose
     self.thoughts = thoughts
-    self.system = get_strategy("paraact").system_prompt()
+    step_format = formats.get_format(protocol_format)
+    self.system = get_strategy("paraact").system_prompt(step_format)
+    self._message = (qwen3_format.assistant_message if step_format.chat_template else
+                     lambda step: {"role": "assistant", "content": protocol.render_step(step)})
     self.env = VectorToolEnv(catalog, 1, obs_format=obs_format,
                              **oracle.env_options("paraact"))
 
@@ -220,7 +230,7 @@ class Orchestrator:
           step = dataclasses.replace(step, thought="")
         steps[i] = step
         rec = records[i]
-        rec["messages"].append({"role": "assistant", "content": protocol.render_step(step)})
+        rec["messages"].append(self._message(step))
         rec["roles"].append(role)
         rec["steps"].append(step)
       results = self.env.step(steps)

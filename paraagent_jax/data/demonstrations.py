@@ -103,7 +103,8 @@ from paraagent_jax.data import packing
 from paraagent_jax.data import tfds_builders
 from paraagent_jax.data import warmup
 # The row encoding and the length buckets (re-exported for callers).
-from paraagent_jax.data.rows import bucket_lengths, encode_demonstrations  # pylint: disable=unused-import
+from paraagent_jax.data.rows import (  # pylint: disable=unused-import
+    bucket_lengths, encode_conversations, encode_demonstrations)
 
 # The SFT stage evaluates on "validation"; the held-out demonstrations are "test".
 _SPLIT_ALIASES = {"train": "train", "validation": "test", "test": "test"}
@@ -461,14 +462,15 @@ def load_demonstrations(data_config, split: str) -> list[dict[str, Any]]:
 _CACHE: dict[tuple, tuple] = {}
 
 
-def _load_encoded(data_config, split: str):
-  """(sorted records, tokenizer, their encodings), cached per source state."""
+def _load_encoded(data_config, split: str, protocol=None):
+  """(sorted records, tokenizer, their encodings in ``protocol``'s format),
+  cached per source state."""
   data_config = _data(data_config)
   data_dir = data_config.data_dir
   tok_path = data_config.tokenizer or os.path.join(
       data_dir or ".", "tokenizer")
   key = (split, tok_path, data_config.tfds_dir,
-         data_config.catalog) + tfds_builders.files_key(
+         data_config.catalog, protocol) + tfds_builders.files_key(
              *(os.path.join(data_dir or ".", f"demonstrations_{s}.jsonl")
                for s in tfds_builders.SPLITS),
              os.path.join(tok_path, "tokenizer.json"))
@@ -476,19 +478,18 @@ def _load_encoded(data_config, split: str):
     records = sorted(load_demonstrations(data_config, split),
                      key=lambda r: r["id"])
     tok = resolve_tokenizer(data_config, data_dir)
-    encoded = encode_demonstrations(tokenizer_lib.ChatEncoder(tok),
-                                    [r["messages"] for r in records])
+    encoded = encode_conversations(tok, [r["messages"] for r in records], protocol)
     if len(_CACHE) >= 4:
       _CACHE.clear()
     # The key is taken again: training the tokenizer changes its mtime.
-    key = key[:4] + tfds_builders.files_key(*(k[0] for k in key[4:]))
+    key = key[:5] + tfds_builders.files_key(*(k[0] for k in key[5:]))
     _CACHE[key] = (records, tok, encoded)
   return _CACHE[key]
 
 
 def make_sft_data(data_config, *, split: str, batch_size: int, seq_len: int,
-                  seed: int, process_index: int = 0,
-                  process_count: int = 1) -> DemonstrationSFTData:
+                  seed: int, process_index: int = 0, process_count: int = 1,
+                  protocol=None) -> DemonstrationSFTData:
   """The source hook used by the SFT stage (`trainer.sft.make_sft_data`, ``data.source``).
 
   Args:
@@ -499,12 +500,13 @@ def make_sft_data(data_config, *, split: str, batch_size: int, seq_len: int,
     seed: shuffling seed.
     process_index: this host.
     process_count: number of hosts.
+    protocol: the run's `paraact.chat_format.ProtocolSpec` (None = tags).
 
   Returns:
     A `DemonstrationSFTData`.
   """
   data_config = _data(data_config)
-  records, tok, encoded = _load_encoded(data_config, split)
+  records, tok, encoded = _load_encoded(data_config, split, protocol)
   data = DemonstrationSFTData(
       records, tok, batch_size=batch_size, seq_len=seq_len, seed=seed,
       split=split, overlong=str(data_config.overlong),

@@ -11,7 +11,9 @@ from typing import Sequence
 
 import numpy as np
 
+from paraagent_jax import config_utils
 from paraagent_jax import tokenizer as tokenizer_lib
+from paraagent_jax.paraact import formats
 
 
 def encode_demonstrations(encoder: tokenizer_lib.ChatEncoder, conversations
@@ -59,6 +61,36 @@ def encode_demonstrations(encoder: tokenizer_lib.ChatEncoder, conversations
         mask += [0] * len(body)
     out.append((np.asarray(ids, np.int32), np.asarray(mask, np.float32)))
   return out
+
+
+def encode_conversations(tokenizer, conversations, protocol=None
+                         ) -> list[tuple[np.ndarray, np.ndarray]]:
+  """Ids and loss masks of demonstrations in the run's protocol format.
+
+  ``protocol`` (a `paraact.chat_format.ProtocolSpec`; None = tags): the tags
+  format is `encode_demonstrations`; qwen3 renders each conversation through
+  the tokenizer's chat template turn by turn, as its rollouts do
+  (`ChatFormat.encode_conversation`: the loss on what each assistant turn
+  writes and its ``<|im_end|>``).
+
+  Raises:
+    ConfigError: the demonstrations are in the other format;
+      `template_turns.TemplatePrefixError` (a ConfigError): the chat template
+      breaks the prefix property.
+  """
+  conversations = list(conversations)
+  name = formats.TAGS if protocol is None else protocol.format
+  in_qwen3 = any("tool_calls" in m for msgs in conversations for m in msgs)
+  if in_qwen3 != (name == formats.QWEN3) and conversations:
+    found = formats.QWEN3 if in_qwen3 else formats.TAGS
+    raise config_utils.ConfigError(
+        f"protocol.format={name} but the demonstrations are in the {found} format: "
+        f"rebuild them (stage demos) with protocol.format={name}")
+  if name == formats.TAGS:
+    return encode_demonstrations(tokenizer_lib.ChatEncoder(tokenizer), conversations)
+  fmt = protocol.chat_format(tokenizer)
+  encoded = [fmt.encode_conversation(msgs) for msgs in conversations]
+  return [(np.asarray(ids, np.int32), np.asarray(mask, np.float32)) for ids, mask in encoded]
 
 
 def bucket_lengths(spec: int | str | Sequence[int], seq_len: int) -> list[int]:

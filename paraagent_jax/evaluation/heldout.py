@@ -178,7 +178,8 @@ def write_per_task(path: str, records: Sequence[dict]) -> None:
 
 def summarize(records: Sequence[dict]) -> dict[str, float]:
   """Success per kind, multi-tool success, mean turns and calls per execute step
-  of per-task records (``kind``, ``success``, ``turns``, ``calls_per_step``)."""
+  of per-task records (``kind``, ``success``, ``turns``, ``calls_per_step``),
+  and the totals of their parse failures (`runner.parse_failures`)."""
   by = collections.defaultdict(list)
   for r in records:
     by[r["kind"]].append(float(r["success"]))
@@ -190,4 +191,5 @@ def summarize(records: Sequence[dict]) -> dict[str, float]:
   out["turns"] = sum(r["turns"] for r in records) / max(1, len(records))
   per_step = [n for r in records for n in r.get("calls_per_step", [])]
   out["calls_per_execute_step"] = sum(per_step) / max(1, len(per_step))
+  out.update(runner.parse_failures(records))
   return out

@@ -6,7 +6,8 @@ stats). The fields used are:
 
   benchmark, strategy, policy, kind, task_id, success (bool), turns, calls,
   calls_per_step (list), calls_per_execute_step, phase_switches,
-  explore_tokens, execute_tokens, parse_errors, tokens_generated,
+  explore_tokens, execute_tokens, parse_errors (malformed steps), calls_dropped,
+  json_errors, unknown_tool_calls (means per episode), tokens_generated,
   wall_time_s (the episode's latency within its batch), wall_per_task_s
   (batch wall time / tasks in it), step_reward_mean, phase_reward_mean,
   traj_reward, truncated; and, from the fixed-task benchmarks, finished,
@@ -33,6 +34,7 @@ from matplotlib.ticker import MaxNLocator
 from paraagent_jax import fileio
 from paraagent_jax import provenance
 from paraagent_jax.evaluation import causes as causes_lib
+from paraagent_jax.evaluation import runner
 from toolenv.benchmarks import stabletoolbench
 
 # The kinds whose gold DAG has several independent calls: where parallel acting
@@ -57,7 +59,8 @@ def is_multi_tool(benchmark: Any, kind: Any) -> bool:
 KIND_ORDER = ("single", "parallel", "chain", "fanout", "mixed")
 MEAN_FIELDS = (
     "turns", "calls", "calls_per_execute_step", "phase_switches",
-    "explore_token_share", "execute_token_share", "parse_errors", "tokens_generated",
+    "explore_token_share", "execute_token_share", "parse_errors", "calls_dropped",
+    "json_errors", "unknown_tool_calls", "tokens_generated",
     "wall_time_s", "wall_per_task_s", "step_reward_mean", "phase_reward_mean",
     "traj_reward", "truncated", "finished", "api_recall", "found_recall")
 # What a benchmark's numbers can and cannot be compared with (report notes).
@@ -123,6 +126,8 @@ def summarise(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
       vals = [r.get(field) for r in records]
     vals = [float(v) for v in vals if v is not None]
     out[field] = sum(vals) / len(vals) if vals else None
+  # The parse failures as counts too (the means above are per episode).
+  out["parse_failure_totals"] = runner.parse_failures(records)
   return out
 
 
@@ -242,7 +247,8 @@ def _run_table(runs) -> list[str]:
   head = (["benchmark", "policy", "strategy", "n", "success % (95% CI)",
            "avg % (95% CI)"] + [f"{k} %" for k in kinds]
           + ["multi-tool %", "turns", "calls", "calls/exec step", "phase switches",
-             "explore tok share", "execute tok share", "parse errors", "tokens",
+             "explore tok share", "execute tok share", "parse errors", "calls dropped",
+             "JSON errors", "unknown tools", "tokens",
              "s/task", "step r", "phase r", "traj r"]
           + [{"finished": "finish %", "api_recall": "API recall %",
               "found_recall": "found recall %"}[f] for f in extra])
@@ -259,7 +265,8 @@ def _run_table(runs) -> list[str]:
     row += [_fmt(mt["success"], True) if mt else "-", _fmt(o["turns"]), _fmt(o["calls"]),
             _fmt(o["calls_per_execute_step"]), _fmt(o["phase_switches"]),
             _fmt(o["explore_token_share"]), _fmt(o.get("execute_token_share")),
-            _fmt(o["parse_errors"]), _fmt(o["tokens_generated"]),
+            _fmt(o["parse_errors"]), _fmt(o.get("calls_dropped")), _fmt(o.get("json_errors")),
+            _fmt(o.get("unknown_tool_calls")), _fmt(o["tokens_generated"]),
             _fmt(o.get("wall_per_task_s") if o.get("wall_per_task_s") is not None
                  else o["wall_time_s"]),
             _fmt(o["step_reward_mean"]), _fmt(o["phase_reward_mean"]),

@@ -51,6 +51,23 @@ def _rewrite(path: str, records: Sequence[dict[str, Any]]) -> None:
   fileio.write_jsonl_atomic(path, records, default=str)
 
 
+PARSE_FAILURE_KEYS = ("parse_errors", "calls_dropped", "json_errors", "unknown_tool_calls")
+
+
+def parse_failures(records: Sequence[dict]) -> dict[str, int]:
+  """Totals of the records' parse failures: malformed steps (``parse_errors``),
+  calls dropped, JSON errors among them, unknown tools (`rollout._episode_record`)."""
+  return {k: int(sum(r.get(k, 0) or 0 for r in records)) for k in PARSE_FAILURE_KEYS}
+
+
+def parse_failure_text(totals: dict) -> str:
+  """One console phrase of `parse_failures` totals."""
+  return (f"parse failures {int(totals.get('parse_errors', 0))} steps, "
+          f"{int(totals.get('calls_dropped', 0))} calls dropped "
+          f"({int(totals.get('json_errors', 0))} JSON errors), "
+          f"{int(totals.get('unknown_tool_calls', 0))} unknown tools")
+
+
 def run_tasks(policy, fmt, env, tasks: Sequence[Any], *, benchmark: str, strategy: str,
               policy_name: str, workdir: str | None, rollout_config, batch_size: int = 32,
               seed: int = 0, fields: dict[str, Any] | None = None,
@@ -111,7 +128,9 @@ def run_tasks(policy, fmt, env, tasks: Sequence[Any], *, benchmark: str, strateg
     records += new
     ok = sum(bool(r["success"]) for r in records)
     log(f"evaluate: {benchmark}/{policy_name}/{strategy}: {len(records)}/{len(tasks)} "
-        f"tasks, success {ok / len(records):.3f} ({time.perf_counter() - t0:.1f}s/batch)")
+        f"tasks, success {ok / len(records):.3f}, "
+        f"{parse_failure_text(parse_failures(records))} "
+        f"({time.perf_counter() - t0:.1f}s/batch)")
   order = {t.id: i for i, t in enumerate(tasks)}
   return sorted((r for r in records if r["task_id"] in order), key=lambda r: order[r["task_id"]])
 

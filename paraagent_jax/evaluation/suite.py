@@ -116,6 +116,16 @@ def api_stats_line(model: str, strategy: str, stats: dict) -> str:
       f"{k.removeprefix('api_').replace('_', ' ')} {v}" for k, v in stats.items())
 
 
+def protocol_spec(config) -> chat_format.ProtocolSpec:
+  """``config.protocol`` (the checkpoint's turn format; tags when absent)."""
+  protocol = config.get("protocol") or {}
+  try:
+    return chat_format.ProtocolSpec.checked(protocol.get("format", "tags"),
+                                            protocol.get("chat_template", ""))
+  except ValueError as e:
+    raise config_utils.ConfigError(f"protocol: {e}") from None
+
+
 def run(config, workdir: str, checkpoint: str = "", transcripts: int = 0,
         step: int | None = None) -> dict:
   """Runs every (strategy, benchmark) of ``config``; writes and returns the report.
@@ -169,8 +179,10 @@ def _run(config, workdir: str, checkpoint: str, transcripts: int, step: int | No
     name += f"@{step}"
   rcfg = rollout_limits(config)
 
+  protocol = protocol_spec(config)
+
   def fmt_for(strategy):
-    return chat_format.ChatFormat(tok, strategy=strategy)
+    return protocol.chat_format(tok, strategy)
 
   api_policies = []
 

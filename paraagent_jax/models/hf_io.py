@@ -396,6 +396,9 @@ def save_hf(model: qwen3.Qwen3, out_dir: str, tokenizer=None,
   fileio.write_json_atomic(os.path.join(out_dir, "generation_config.json"), gen,
                            indent=1, default=None)
   if tokenizer is not None:
-    tokenizer.chat_template = tok_lib.CHAT_TEMPLATE
+    # The template the model was trained with: the tokenizer's own (a Qwen3
+    # directory's, protocol.format=qwen3), the ParaAct one where it has none.
+    if not getattr(tokenizer, "chat_template", None):
+      tokenizer.chat_template = tok_lib.CHAT_TEMPLATE
     tok_lib.save_tokenizer(tokenizer, out_dir)
   return names

@@ -87,6 +87,25 @@ _TEXT = (
 )
 
 
+def toolenv_texts(num_tasks: int = 40, seed: int = 0) -> list[str]:
+  """Training text from ToolEnv: task instructions, the oracle's calls as
+  JSON, the template and a few words of the prompts (so that a tiny
+  vocabulary still gives episodes of a few hundred tokens)."""
+  # pylint: disable=g-import-not-at-top
+  import json
+  import toolenv
+  from toolenv.catalog import procedural
+  gen = toolenv.TaskGenerator(procedural.build_catalog(seed=seed, size=2000), seed=seed)
+  texts = list(_TEXT) + [QWEN3_STYLE_TEMPLATE] * 3
+  for task in gen.generate(num_tasks, "train"):
+    texts.append(task.instruction)
+    for step in toolenv.oracle.solve(task, "paraact"):
+      texts += [json.dumps({"name": c.name, "arguments": c.arguments}, ensure_ascii=False)
+                for c in step.calls]
+      texts.append(str(step.answer or ""))
+  return texts
+
+
 def train_tokenizer(texts: Iterable[str] = _TEXT, vocab_size: int = 512):
   """A byte-level BPE with Qwen3's pre-tokenizer and special tokens, as a
   `transformers.PreTrainedTokenizerFast` carrying `QWEN3_STYLE_TEMPLATE`."""
@@ -96,13 +115,14 @@ def train_tokenizer(texts: Iterable[str] = _TEXT, vocab_size: int = 512):
   return fast
 
 
-def make_tiny_qwen3(out_dir: str, *, texts: Iterable[str] = _TEXT, vocab_size: int = 512,
+def make_tiny_qwen3(out_dir: str, *, texts: Iterable[str] | None = None,
+                    vocab_size: int = 1024,
                     layers: int = 2, hidden: int = 32, seed: int = 0) -> str:
   """Writes a tiny Qwen3-architecture HF directory (weights, tokenizer, template).
 
   Args:
     out_dir: the directory (created).
-    texts: the tokenizer's training text.
+    texts: the tokenizer's training text (None: `toolenv_texts`).
     vocab_size: the BPE's vocabulary (added tokens included).
     layers, hidden: the model's depth and width (4 query heads, 2 KV heads).
     seed: torch's seed for the random weights.
@@ -113,7 +133,7 @@ def make_tiny_qwen3(out_dir: str, *, texts: Iterable[str] = _TEXT, vocab_size: i
   # pylint: disable=g-import-not-at-top
   import torch
   import transformers
-  tok = train_tokenizer(texts, vocab_size)
+  tok = train_tokenizer(toolenv_texts() if texts is None else texts, vocab_size)
   cfg = transformers.Qwen3Config(
       vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden,
       num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,

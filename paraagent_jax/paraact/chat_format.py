@@ -30,17 +30,55 @@ both formats gives the prompt, the ids after a step and the closing ids.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from typing import Any, Sequence
 
+from paraagent_jax import fileio
 from paraagent_jax import tokenizer as tok_lib
 from paraagent_jax.paraact import formats
 from paraagent_jax.paraact import protocol
-from paraagent_jax.paraact import qwen3_format
 from paraagent_jax.paraact import strategies
 from paraagent_jax.paraact import template_turns
 from toolenv.schema import Step
 
 CUT_NOTE = "\n...(observation cut)"
+
+
+@dataclasses.dataclass(frozen=True)
+class ProtocolSpec:
+  """``config.protocol``, read once at a stage's door.
+
+  Attributes:
+    format: ``tags`` or ``qwen3`` (`formats.FORMAT_NAMES`).
+    chat_template: a Jinja file used instead of the tokenizer's template
+      ("" = the tokenizer's; qwen3 only).
+  """
+  format: str = formats.TAGS
+  chat_template: str = ""
+
+  def __post_init__(self):
+    formats.get_format(self.format)   # ValueError names the known ones
+    if self.chat_template and not formats.get_format(self.format).chat_template:
+      raise ValueError(f"chat_template is read by the qwen3 format only "
+                       f"(format={self.format!r})")
+
+  @classmethod
+  def checked(cls, format: str, chat_template: str = "") -> "ProtocolSpec":  # pylint: disable=redefined-builtin
+    """The spec of ``config.protocol``'s values; ValueError (one line) for a
+    bad format, a template with the tags format or a missing template file."""
+    spec = cls(format=str(format), chat_template=str(chat_template or ""))
+    if spec.chat_template and not fileio.isfile(spec.chat_template):
+      raise ValueError(f"chat_template={spec.chat_template}: no such file")
+    return spec
+
+  def chat_format(self, tokenizer, strategy: str = "paraact") -> "ChatFormat":
+    """The `ChatFormat` of ``tokenizer`` and ``strategy`` in this protocol."""
+    template = None
+    if self.chat_template:
+      with fileio.open(self.chat_template) as f:
+        template = f.read()
+    return ChatFormat(tokenizer, strategy, protocol_format=self.format,
+                      chat_template=template)
 
 
 class ChatFormat:
@@ -167,24 +205,6 @@ class ChatFormat:
     if self.turns is None:
       return TagsConversation(self, task_text)
     return TemplateConversation(self, task_text)
-
-  def demonstration_messages(self, steps: Sequence[Step], observations: Sequence[str],
-                             task_text: str) -> list[dict[str, Any]]:
-    """The chat messages of a demonstration: system, user, then each step
-    (`assistant_message`) followed by its observation as a tool message."""
-    msgs = self.prompt_messages(task_text)
-    for step, obs in zip(steps, observations):
-      msgs.append(self.assistant_message(step))
-      if obs is not None:
-        msgs.append({"role": "tool", "content": protocol.render_observation(obs)})
-    return msgs
-
-  def assistant_message(self, step: Step) -> dict[str, Any]:
-    """A step as a chat message: in the qwen3 format content and ``tool_calls``
-    (what the template renders as `render` writes it), else the text."""
-    if self.turns is not None and self.strategy.tagged:
-      return qwen3_format.assistant_message(step)
-    return {"role": "assistant", "content": self.render(step)}
 
   def encode_conversation(self, messages: Sequence[dict]) -> tuple[list[int], list[int]]:
     """Ids and loss mask of a whole demonstration through the chat template

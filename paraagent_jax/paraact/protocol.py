@@ -100,6 +100,10 @@ JSON_ERROR = "call is not valid JSON"
 NOT_OBJECT_ERROR = "call must be a JSON object"
 NO_NAME_ERROR = "call has no string 'name'"
 UNTERMINATED_CALL = "unterminated "
+# A call of a tool the policy was not given, refused before the environment
+# (an API model's native tool call); the environment answers other unknown
+# names itself (status ``unknown_tool``).
+UNKNOWN_TOOL_ERROR = "unknown tool "
 
 
 def parse_call_json(body: str) -> tuple[Call | None, str | None]:
@@ -218,17 +222,18 @@ def _parse_step(text: Any) -> Step:
 
 
 def failure_counts(step: Step) -> dict[str, int]:
-  """What a step's parse error lost: ``calls_dropped`` (call blocks that did
-  not become a call: broken JSON, not an object, no name, unterminated) and
-  ``json_errors`` (the broken-JSON ones among them)."""
+  """What a step's parse error lost: ``calls_dropped`` (calls written that did
+  not become a call: broken JSON, not an object, no name, unterminated, an
+  unknown tool refused before the environment), ``json_errors`` and
+  ``unknown_tools`` (those among them)."""
   error = step.parse_error or ""
   def count(prefix: str) -> int:
     return len(re.findall(r"(?:^|; )" + re.escape(prefix), error))
-  json_errors = count(JSON_ERROR)
-  dropped = json_errors + count(NOT_OBJECT_ERROR) + count(NO_NAME_ERROR) + len(
+  json_errors, unknown = count(JSON_ERROR), count(UNKNOWN_TOOL_ERROR)
+  dropped = json_errors + unknown + count(NOT_OBJECT_ERROR) + count(NO_NAME_ERROR) + len(
       re.findall(r"(?:^|; )" + re.escape(UNTERMINATED_CALL) + r"<(?!answer>)[^>]*>: ",
                  error))
-  return {"calls_dropped": dropped, "json_errors": json_errors}
+  return {"calls_dropped": dropped, "json_errors": json_errors, "unknown_tools": unknown}
 
 
 def classify_spans(text: str, call_open: str = CALL_OPEN) -> list[tuple[int, int, int]]:

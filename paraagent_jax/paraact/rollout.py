@@ -34,6 +34,7 @@ import toolenv
 from paraagent_jax.learner import batch as batch_lib
 from paraagent_jax.paraact import episode as ep
 from paraagent_jax.paraact import policies as pol
+from paraagent_jax.paraact import protocol
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,7 +83,12 @@ def _episode_record(task, buf: ep.EpisodeBuffer, steps: list[toolenv.Step],
   ``diagnosis``: the environment's `ToolEnv.diagnosis` (failure cause,
   searches, redundant searches, the oracle plan's counts), merged in where the
   environment gives one (ToolEnv does; the fixed-task benchmarks do not).
+  Parse failures: ``parse_errors`` (malformed steps), ``calls_dropped`` and
+  ``json_errors`` (`protocol.failure_counts`), ``unknown_tool_calls`` (calls
+  of tools that do not exist: the diagnosis's count, where the environment
+  gives one, plus those refused before the environment).
   """
+  lost = [protocol.failure_counts(s) for s in steps]
   exec_calls = [len(s.calls) for s in steps
                 if s.phase == "execute" and isinstance(s.calls, list) and s.parse_error is None]
   n_calls = sum(len(s.calls) for s in steps if isinstance(s.calls, list))
@@ -113,6 +119,8 @@ def _episode_record(task, buf: ep.EpisodeBuffer, steps: list[toolenv.Step],
       "explore_tokens": explore_tok,
       "execute_tokens": execute_tok,
       "parse_errors": sum(1 for s in steps if s.parse_error is not None),
+      "calls_dropped": sum(c["calls_dropped"] for c in lost),
+      "json_errors": sum(c["json_errors"] for c in lost),
       "tokens_generated": int(mask.sum()),
       "episode_tokens": len(buf),
       "truncated": buf.truncated,
@@ -126,6 +134,8 @@ def _episode_record(task, buf: ep.EpisodeBuffer, steps: list[toolenv.Step],
       # "assistant" | "observation", "text": ...}.
       "transcript": list(transcript or []),
       **_diagnosis_fields(diagnosis),
+      "unknown_tool_calls": int((diagnosis or {}).get("unknown_tool_calls", 0)) + sum(
+          c["unknown_tools"] for c in lost),
   }
 
 

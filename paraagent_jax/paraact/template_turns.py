@@ -25,14 +25,16 @@ from typing import Any, Sequence
 
 from toolenv.schema import Call, Step
 
+from paraagent_jax import config_utils
 from paraagent_jax import tokenizer as tok_lib
 from paraagent_jax.paraact import qwen3_format
 
 _SHOW = 60
 
 
-class TemplatePrefixError(ValueError):
-  """The chat template renders an earlier turn differently once later turns follow."""
+class TemplatePrefixError(config_utils.ConfigError):
+  """The chat template renders an earlier turn differently once later turns
+  follow (a config error: the template is the run's choice; one line)."""
 
 
 def _first_difference(a: Sequence, b: Sequence) -> int:

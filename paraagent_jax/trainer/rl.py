@@ -68,11 +68,12 @@ from paraagent_jax import sharding as shd
 from paraagent_jax import tokenizer as tok_lib
 from paraagent_jax.evaluation import heldout
 from paraagent_jax.evaluation import paired as paired_lib
+from paraagent_jax.evaluation import runner
 from paraagent_jax.learner import batch as batch_lib
 from paraagent_jax.learner import grpo
 from paraagent_jax.learner import optimizer as optim
 from paraagent_jax.learner import step as ts
-from paraagent_jax.paraact import chat_format, policies, rollout
+from paraagent_jax.paraact import policies, rollout
 from paraagent_jax.trainer import hosts as hosts_lib
 from paraagent_jax.trainer import rl_report
 from paraagent_jax.trainer import rl_tasks
@@ -141,16 +142,21 @@ def behaviour_metrics(episodes: Sequence[dict]) -> dict[str, float]:
 
   ``rollout/parse_failures``: malformed steps (unparseable text, no phase,
   broken JSON), of ``rollout/steps``; ``rollout/parse_failure_episodes``: the
-  share of episodes with one; ``rollout/cause/<cause>``: the share of
-  episodes that failed for that cause (`toolenv.diagnosis`).
+  share of episodes with one; ``rollout/calls_dropped``: calls written that
+  did not become calls, ``rollout/json_errors`` among them (broken JSON);
+  ``rollout/unknown_tool_calls``: calls of tools that do not exist;
+  ``rollout/cause/<cause>``: the share of episodes that failed for that
+  cause (`toolenv.diagnosis`).
   """
   n = max(1, len(episodes))
-  out = {"rollout/parse_failures": float(sum(e.get("parse_errors", 0) for e in episodes)),
+  totals = runner.parse_failures(episodes)
+  out = {"rollout/parse_failures": float(totals["parse_errors"]),
          "rollout/steps": float(sum(e.get("turns", 0) for e in episodes)),
          "rollout/parse_failure_episodes": sum(1 for e in episodes
                                                if e.get("parse_errors", 0)) / n,
-         "rollout/unknown_tool_calls": float(sum(e.get("unknown_tool_calls", 0)
-                                                 for e in episodes))}
+         "rollout/calls_dropped": float(totals["calls_dropped"]),
+         "rollout/json_errors": float(totals["json_errors"]),
+         "rollout/unknown_tool_calls": float(totals["unknown_tool_calls"])}
   if any("cause" in e for e in episodes):
     for cause in toolenv.diagnosis.CAUSES:
       out[f"rollout/cause/{cause}"] = sum(1 for e in episodes if e.get("cause") == cause) / n
@@ -188,6 +194,9 @@ def iteration_line(it: int, iterations: int, m: dict, n_groups: int) -> str:
           f"R {m['rollout/traj_reward']:.3f} phase {m['rollout/phase_reward']:.3f} "
           f"step {m['rollout/step_reward']:.3f} loss {m.get('loss', float('nan')):.4f} "
           f"parse {int(m['rollout/parse_failures'])}/{int(m['rollout/steps'])} "
+          f"(dropped {int(m.get('rollout/calls_dropped', 0))}, "
+          f"json {int(m.get('rollout/json_errors', 0))}, "
+          f"unknown tools {int(m.get('rollout/unknown_tool_calls', 0))}) "
           f"gap {m.get('rollout/logp_gap_max', float('nan')):.1e} "
           f"({m['time/iteration_s']:.1f}s)" + no_update_note(m))
 
@@ -211,7 +220,7 @@ class RLRun:
   def __init__(self, spec: specs.RLSpec, workdir: str):
     self.spec, self.workdir = spec, workdir
     tok = tok_lib.load_tokenizer(spec.tokenizer)
-    self.fmt = chat_format.ChatFormat(tok, strategy=spec.strategy)
+    self.fmt = spec.protocol.chat_format(tok, spec.strategy)
     try:
       self.heldout = heldout.HeldOut(spec.heldout)
     except ValueError as e:
@@ -291,7 +300,8 @@ class RLRun:
         if (spec.eval_every and it % spec.eval_every == 0) or final:
           result = self.evaluate(it, rl_report.EVAL_AFTER_FILE if final else None)
           print(f"rl: held-out greedy success {result['success']:.3f} "
-                f"(multi-tool {result.get('success_multi_tool', 0.0):.3f})", flush=True)
+                f"(multi-tool {result.get('success_multi_tool', 0.0):.3f}), "
+                f"{runner.parse_failure_text(result)}", flush=True)
         stop = state_lib.stop_requested()   # every process at the same iteration
         if final or stop or (spec.ckpt_every > 0 and it % spec.ckpt_every == 0):
           # The history rides in the checkpoint's JSON: the curve on disk can

@@ -26,6 +26,7 @@ from paraagent_jax import metrics as metrics_lib
 from paraagent_jax import provenance
 from paraagent_jax.evaluation import causes as causes_lib
 from paraagent_jax.evaluation import paired as paired_lib
+from paraagent_jax.evaluation import runner
 from paraagent_jax.evaluation import report as report_lib
 
 RUN_META_FILE = "rl_run.json"
@@ -72,6 +73,11 @@ def write_report(workdir: str, history: Sequence[dict], after: dict,
   for k in ["success"] + keys + ["turns", "calls_per_execute_step"]:
     b = before.get(k)
     lines.append(f"| {k} | {'-' if b is None else f'{b:.3f}'} | {after.get(k, float('nan')):.3f} |")
+  # Parse failures on the held-out tasks (totals: steps, calls dropped, ...).
+  for k in runner.PARSE_FAILURE_KEYS:
+    b, a = before.get(k), after.get(k)
+    if a is not None:
+      lines.append(f"| {k} (total) | {'-' if b is None else int(b)} | {int(a)} |")
   if paired:
     lines += ["", "Paired: " + paired_lib.format_paired(paired, ("before", "after")) + "."]
   before_recs = _read_records(os.path.join(workdir, EVAL_BEFORE_FILE))

@@ -29,6 +29,7 @@ typed `specs.SFTSpec`.
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import os
 import time
@@ -45,9 +46,10 @@ from paraagent_jax import sharding as shd
 from paraagent_jax import tokenizer as tok_lib
 from paraagent_jax.coldstart import build as coldstart_build
 from paraagent_jax.evaluation import heldout
+from paraagent_jax.evaluation import runner
 from paraagent_jax.learner import optimizer as optim
 from paraagent_jax.learner import sft_loss
-from paraagent_jax.paraact import chat_format, policies
+from paraagent_jax.paraact import formats, policies
 from paraagent_jax.trainer import specs
 from paraagent_jax.trainer import state as state_lib
 
@@ -85,11 +87,18 @@ def make_sft_data(spec: specs.SFTSpec, split: str, seed_offset: int = 0):
                                    f"divisible by {count} hosts")
   # Process 0 first: what a source builds on first use (a TFDS dataset, a
   # tokenizer) is built once, then read by the others.
+  # A source that writes chat turns takes the protocol format (``protocol=``).
+  takes = "protocol" in inspect.signature(module.make_sft_data).parameters
+  if not takes and spec.protocol.format != formats.TAGS:
+    raise config_utils.ConfigError(
+        f"data.source={name!r} writes no chat turns; protocol.format="
+        f"{spec.protocol.format} needs data.source=demonstrations")
   with multihost.primary_first(f"sft data {split}"):
     return module.make_sft_data(
         spec.data, split=split, batch_size=spec.batch_size // count,
         seq_len=spec.seq_len, seed=spec.data_seed + seed_offset,
-        process_index=jax.process_index(), process_count=count)
+        process_index=jax.process_index(), process_count=count,
+        **({"protocol": spec.protocol} if takes else {}))
 
 
 def validation_metrics(eval_step, ts_state, spec: specs.SFTSpec, mesh) -> dict[str, float]:
@@ -231,14 +240,15 @@ def format_eval(result: dict[str, float]) -> str:
     lines.append(f"  {'multi-tool':<12}{result['success_multi_tool']:.3f}")
   lines.append(f"  mean turns {result.get('turns', 0.0):.2f}, calls per execute "
                f"step {result.get('calls_per_execute_step', 0.0):.2f}")
+  lines.append("  " + runner.parse_failure_text(result))
   return "\n".join(lines)
 
 
 def heldout_eval(spec: specs.SFTSpec, workdir: str, graphdef, state) -> dict[str, float]:
   """Greedy ParaAct success of the model on ``spec.heldout``'s test tasks."""
   t0 = time.time()
-  fmt = chat_format.ChatFormat(tok_lib.load_tokenizer(spec.tokenizer),
-                               strategy=spec.heldout.strategy)
+  fmt = spec.protocol.chat_format(tok_lib.load_tokenizer(spec.tokenizer),
+                                 spec.heldout.strategy)
   held = heldout.HeldOut(spec.heldout)
   limits = spec.heldout.limits
   policy = policies.JaxPolicy(nnx.merge(graphdef, state), fmt, max_len=limits.max_len,

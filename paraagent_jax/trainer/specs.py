@@ -33,6 +33,8 @@ from paraagent_jax.data import rows as data_rows
 from paraagent_jax.evaluation import heldout
 from paraagent_jax.learner import grpo
 from paraagent_jax.learner import optimizer as optim
+from paraagent_jax.paraact import chat_format
+from paraagent_jax.paraact import formats
 from paraagent_jax.paraact import rollout
 from paraagent_jax.trainer import rl_tasks
 from paraagent_jax.trainer import state as state_lib
@@ -88,6 +90,16 @@ def rollout_limits(rl) -> rollout.RolloutConfig:
                                max_len=rl.max_len, max_obs_tokens=rl.max_obs_tokens)
 
 
+def protocol_spec(config) -> chat_format.ProtocolSpec:
+  """``config.protocol``: the format of every turn and an optional template file."""
+  protocol = config.get("protocol") or {}
+  try:
+    return chat_format.ProtocolSpec.checked(protocol.get("format", formats.TAGS),
+                                            protocol.get("chat_template", ""))
+  except ValueError as e:
+    raise ConfigError(f"protocol: {e}") from None
+
+
 def heldout_spec(config, num_tasks: int) -> heldout.HeldOutSpec:
   """The held-out evaluation of a training run (SFT's final one, RL's): the
   RL keys' catalog, seeds, kinds, strategy and limits, the demonstrations'
@@ -124,6 +136,7 @@ class SFTSpec:
   eval_batches: int
   heldout: heldout.HeldOutSpec | None   # greedy ParaAct after SFT (None = off)
   tokenizer: str                # the run's tokenizer ("" = none: synthetic data)
+  protocol: chat_format.ProtocolSpec   # the turns' format (data sources that take it)
   progress: bool
   tensorboard: bool
   rows_log: str = ""            # debug.rows_log: each process's rows, per step ("" = off)
@@ -143,7 +156,7 @@ def sft_spec(config) -> SFTSpec:
       eval_every=int(config.eval_every), eval_batches=int(config.eval_batches),
       heldout=heldout_spec(config, n_eval) if n_eval else None,
       tokenizer=rundir.tokenizer_dir(config) if n_eval else "",
-      progress=bool(config.progress), tensorboard=bool(config.tensorboard),
+      protocol=protocol_spec(config), progress=bool(config.progress), tensorboard=bool(config.tensorboard),
       rows_log=str((config.get("debug") or {}).get("rows_log", "") or ""))
 
 
@@ -174,6 +187,7 @@ class RLSpec:
   sampling: SamplingSpec
   tokenizer: str
   strategy: str
+  protocol: chat_format.ProtocolSpec
   obs_format: str               # the demonstrations' observation format
   iterations: int
   passes: int                   # optimisation passes over each batch
@@ -255,13 +269,16 @@ def task_spec(config) -> rl_tasks.TaskSpec:
 def run_meta(config, levels) -> dict[str, Any]:
   """What identifies an RL run: stored in its checkpoints and ``rl_run.json``."""
   rl = config.rl
+  fmt = protocol_spec(config).format
   return {"levels": list(levels), "normalize": rl.grpo.normalize,
           "strategy": rl.strategy, "group_size": int(rl.group_size),
           "tasks_per_iter": int(rl.tasks_per_iter), "passes": int(rl.passes),
           "task_sampling": rl.get("task_sampling", "round_robin"),
           "train_catalog_seed": int(rl.get("train_catalog_seed", -1)),
           "temperature": float(rl.temperature), "seed": int(config.seed),
-          "init_from": config.init_from, "machine": provenance.machine()}
+          "init_from": config.init_from, "machine": provenance.machine(),
+          # Only when not the default, so that a tags run's meta is as before.
+          **({"protocol": fmt} if fmt != formats.TAGS else {})}
 
 
 def rl_spec(config) -> RLSpec:
@@ -284,7 +301,7 @@ def rl_spec(config) -> RLSpec:
       heldout=heldout_spec(config, rl.eval_tasks), limits=rollout_limits(rl),
       sampling=SamplingSpec(temperature=rl.temperature, top_k=rl.top_k, top_p=rl.top_p,
                             draw=draw),
-      tokenizer=tokenizer, strategy=rl.strategy,
+      tokenizer=tokenizer, strategy=rl.strategy, protocol=protocol_spec(config),
       obs_format=str(config.data.get("obs_format", "full")),
       iterations=int(rl.iterations), passes=int(rl.passes), eval_every=int(rl.eval_every),
       ckpt_every=int(rl.ckpt_every), token_budget=int(rl.token_budget),

@@ -75,7 +75,7 @@ def test_malformed_turns_parse_to_errors_never_raise(fmt, text, dropped, json_er
     assert step.parse_error is None and step.answer == "3"
     return
   counts = protocol.failure_counts(step)
-  assert counts == {"calls_dropped": dropped, "json_errors": json_errors}
+  assert counts == {"calls_dropped": dropped, "json_errors": json_errors, "unknown_tools": 0}
   assert (step.parse_error is None) == (text is not None and dropped == 0 and
                                         text.startswith("<explore>"))
 
@@ -84,7 +84,12 @@ def test_tags_failure_counts():
   step = protocol.parse_step('<execute> t\n<call>{"name": "a", </call>\n<call>{"name": "b"}'
                              '</call>\n<call>[]</call>\n<call>{"x": 1}</call>\n<call>{')
   assert [c.name for c in step.calls] == ["b"]
-  assert protocol.failure_counts(step) == {"calls_dropped": 4, "json_errors": 1}
+  assert protocol.failure_counts(step) == {"calls_dropped": 4, "json_errors": 1,
+                                           "unknown_tools": 0}
+  refused = Step("execute", parse_error="unknown tool 'x' (not among the tools given); "
+                 "call is not valid JSON (y arguments): {")
+  assert protocol.failure_counts(refused) == {"calls_dropped": 2, "json_errors": 1,
+                                              "unknown_tools": 1}
 
 
 def _messages_of(transcript, fmt, tail):
