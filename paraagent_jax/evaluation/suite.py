@@ -116,14 +116,27 @@ def api_stats_line(model: str, strategy: str, stats: dict) -> str:
       f"{k.removeprefix('api_').replace('_', ' ')} {v}" for k, v in stats.items())
 
 
-def protocol_spec(config) -> chat_format.ProtocolSpec:
-  """``config.protocol`` (the checkpoint's turn format; tags when absent)."""
+def protocol_spec(config, checkpoint: str = "") -> chat_format.ProtocolSpec:
+  """``config.protocol`` (the checkpoint's turn format; tags when absent).
+
+  Raises:
+    ConfigError: a bad value, or a training workdir whose run wrote its turns
+      in another format (its config.json says which).
+  """
   protocol = config.get("protocol") or {}
   try:
-    return chat_format.ProtocolSpec.checked(protocol.get("format", "tags"),
+    spec = chat_format.ProtocolSpec.checked(protocol.get("format", "tags"),
                                             protocol.get("chat_template", ""))
   except ValueError as e:
     raise config_utils.ConfigError(f"protocol: {e}") from None
+  if checkpoint and not rundir.is_hf_dir(checkpoint) and fileio.isfile(
+      os.path.join(checkpoint, rundir.CONFIG_FILE)):
+    trained = (rundir.load_run_config(checkpoint).get("protocol") or {}).get("format", "tags")
+    if trained != spec.format:
+      raise config_utils.ConfigError(
+          f"--checkpoint={checkpoint} was trained with protocol.format={trained}; "
+          f"evaluate it with --config.protocol.format={trained}")
+  return spec
 
 
 def run(config, workdir: str, checkpoint: str = "", transcripts: int = 0,
@@ -179,7 +192,7 @@ def _run(config, workdir: str, checkpoint: str, transcripts: int, step: int | No
     name += f"@{step}"
   rcfg = rollout_limits(config)
 
-  protocol = protocol_spec(config)
+  protocol = protocol_spec(config, checkpoint)
 
   def fmt_for(strategy):
     return protocol.chat_format(tok, strategy)

@@ -88,3 +88,32 @@ def test_runlocal_pipeline_evaluate_and_export_in_the_qwen3_format(tmp_path):
   assert exported.chat_template == tiny_qwen3.QWEN3_STYLE_TEMPLATE
   model = transformers.AutoModelForCausalLM.from_pretrained(f"{work}/hf")
   assert model.config.hidden_size == 32 and model.config.num_hidden_layers == 2
+
+
+def test_protocol_config_errors_are_one_line(tmp_path):
+  from configs import evaluate as evaluate_config  # pylint: disable=g-import-not-at-top
+  from paraagent_jax import config_utils  # pylint: disable=g-import-not-at-top
+  from paraagent_jax.evaluation import suite  # pylint: disable=g-import-not-at-top
+  from paraagent_jax.trainer import specs  # pylint: disable=g-import-not-at-top
+  c = config_utils.train_defaults()
+  assert specs.protocol_spec(c) == chat_format.ProtocolSpec("tags", "")
+  for key, value, match in (("format", "qwen4", r"protocol: unknown protocol format 'qwen4'"),
+                            ("chat_template", str(tmp_path / "t.jinja"),
+                             "read by the qwen3 format only")):
+    c = config_utils.train_defaults()
+    c.protocol[key] = value
+    with pytest.raises(config_utils.ConfigError, match=match) as e:
+      specs.protocol_spec(c)
+    assert "\n" not in str(e.value)
+  c.protocol.format = "qwen3"
+  with pytest.raises(config_utils.ConfigError, match="t.jinja: no such file"):
+    specs.protocol_spec(c)
+  # evaluate refuses a workdir trained in the other format, naming the flag.
+  work = tmp_path / "run"
+  work.mkdir()
+  (work / "config.json").write_text(json.dumps({"protocol": {"format": "qwen3"}}))
+  ev = evaluate_config.get_config("runlocal")
+  with pytest.raises(config_utils.ConfigError, match="--config.protocol.format=qwen3"):
+    suite.protocol_spec(ev, str(work))
+  ev.protocol.format = "qwen3"
+  assert suite.protocol_spec(ev, str(work)).format == "qwen3"
