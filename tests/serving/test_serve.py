@@ -19,6 +19,7 @@ from paraagent_jax import config_utils
 from paraagent_jax import evaluate
 from paraagent_jax import serve
 from paraagent_jax import tokenizer as tok_lib
+from paraagent_jax.models import tiny_qwen3
 from paraagent_jax.evaluation import runner
 from paraagent_jax.paraact import api_policy, chat_format, policies, rollout
 from paraagent_jax.serving import openai_http, policy_server
@@ -43,11 +44,15 @@ def tasks(cat):
   return toolenv.TaskGenerator(cat, seed=0).generate(5, split="test")
 
 
-def test_server_context_is_the_in_process_token_stream(cat, tok, tasks):
+@pytest.mark.parametrize("protocol_format", ["tags", "qwen3"])
+def test_server_context_is_the_in_process_token_stream(cat, tok, tasks, protocol_format):
   """The API policy's conversation, mapped back by the server, gives the ids
-  the in-process rollout built for the same episode (oracle turns, the demo
-  tokenizer, observations cut at the same budget)."""
-  fmt = chat_format.ChatFormat(tok, "paraact")
+  the in-process rollout built for the same episode (oracle turns,
+  observations cut at the same budget), in both protocol formats (the demo
+  tokenizer; a Qwen3-style tokenizer and chat template made here)."""
+  if protocol_format == "qwen3":
+    tok = tiny_qwen3.train_tokenizer()
+  fmt = chat_format.ChatFormat(tok, "paraact", protocol_format=protocol_format)
   rcfg = rollout.RolloutConfig(max_turns=12, max_len=8192, max_obs_tokens=160)
   ref = rollout.run_rollout(policies.OraclePolicy(fmt), toolenv.VectorToolEnv(cat, 5),
                             tasks, fmt, rcfg)
@@ -57,7 +62,7 @@ def test_server_context_is_the_in_process_token_stream(cat, tok, tasks):
     policy = api_policy.APIPolicy(fmt, chat, catalog=cat, strict_tools=False)
     rollout.run_rollout(policy, toolenv.VectorToolEnv(cat, 5), tasks, fmt, rcfg)
     sent = list(server.requests)
-  served = policy_server.ServedPolicy(None, tok)       # no model: context only
+  served = policy_server.ServedPolicy(None, tok, protocol_format=protocol_format)
   for task, buf in zip(tasks, ref.buffers):
     last = [r for r in sent if task.instruction in r["messages"][1]["content"]][-1]
     ids = served.context_ids(last["messages"])
