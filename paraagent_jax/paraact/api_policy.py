@@ -6,7 +6,8 @@ Two ways to talk to the model (``tool_calling``):
   strongest). The episode's visible tools are sent as ``tools=``:
   ``search_tools`` and ``get_tool_doc`` first, then every catalog tool the
   episode's searches (or docs) have shown, added as they appear, each with its
-  JSON schema from the catalog; ``parallel_tool_calls`` is on. The model's
+  JSON schema from the catalog (the newest `MAX_TOOLS`); ``parallel_tool_calls``
+  is on. The model's
   ``tool_calls`` become one `toolenv.Step` whose phase is inferred from the
   calls as the ``interleaved`` strategy does (only meta-tools: explore,
   otherwise execute); a reply without tool calls is the answer. Each call's
@@ -73,6 +74,9 @@ STRATEGY_LINES = {
 # A served policy's malformed turn (`serving.policy_server`): a call of this
 # name whose arguments hold the model's text and its parser's error.
 INVALID_STEP = "invalid_step"
+# OpenAI's chat completions take at most 128 functions in ``tools``: past
+# that the oldest found tools are no longer given (the meta-tools always are).
+MAX_TOOLS = 128
 _SCHEMA_TYPES = ("string", "integer", "number", "boolean", "array", "object", "null")
 _LEADING_NAME = re.compile(r"\s*([A-Za-z0-9_.\-/]+)\s*[:(]")
 _DOC_NAME = re.compile(r'"name":\s*"([^"]+)"')
@@ -269,6 +273,9 @@ class APIPolicy(policies.Policy):
           continue
         ep.tools[fn] = name
         ep.specs.append(tool_spec(tool, fn))
+        if len(ep.specs) > MAX_TOOLS:
+          oldest = ep.specs.pop(len(META_SPECS))["function"]["name"]
+          del ep.tools[oldest]
 
   def _render(self, step: toolenv.Step) -> str:
     """The step in the strategy's text (a parse failure shows in the thought)."""

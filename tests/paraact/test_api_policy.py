@@ -169,6 +169,17 @@ def test_found_tools_are_offered_from_split_and_unsplit_observations(cat, fmt):
     assert sorted(list(ep.tools.values())[2:]) == sorted(names)
 
 
+def test_at_most_max_tools_are_given_the_oldest_found_leave_first(cat, fmt):
+  names = cat.names[:api_policy.MAX_TOOLS + 5]
+  policy = api_policy.APIPolicy(fmt, None, catalog=cat)
+  policy.reset(1, [None])
+  ep = policy._episodes[0]
+  policy._add_tools(ep, ["\n".join(f"{n}: d (x*: str)" for n in names)])
+  given = [t["function"]["name"] for t in ep.specs]
+  assert len(given) == api_policy.MAX_TOOLS and list(ep.tools) == given
+  assert given[:2] == ["search_tools", "get_tool_doc"] and given[2:] == names[7:]
+
+
 def test_text_protocol_option_parses_our_tags(cat, fmt):
   task = toolenv.TaskGenerator(cat, seed=0).generate(1, split="test", kinds=("single",))[0]
   steps = toolenv.oracle.solve(task)
