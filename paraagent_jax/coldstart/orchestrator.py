@@ -102,6 +102,9 @@ class Orchestrator:
     self.system = get_strategy("paraact").system_prompt(step_format)
     self._message = (qwen3_format.assistant_message if step_format.chat_template else
                      lambda step: {"role": "assistant", "content": protocol.render_step(step)})
+    # qwen3: a tool message per call, as the rollout writes them.
+    self._tools = (qwen3_format.tool_messages if step_format.chat_template else
+                   lambda obs, n: [{"role": "tool", "content": obs}])
     self.env = VectorToolEnv(catalog, 1, obs_format=obs_format,
                              **oracle.env_options("paraact"))
 
@@ -236,8 +239,8 @@ class Orchestrator:
       results = self.env.step(steps)
       for i in active:
         if steps[i].phase != "answer":
-          records[i]["messages"].append(
-              {"role": "tool", "content": protocol.render_observation(results[i].observation)})
+          records[i]["messages"] += self._tools(
+              protocol.render_observation(results[i].observation), len(steps[i].calls))
       adv = self._advance([gens[i] for i in active], [results[i] for i in active])
       nxt = [None] * len(tasks)
       for i, x in zip(active, adv):

@@ -80,7 +80,6 @@ MAX_TOOLS = 128
 _SCHEMA_TYPES = ("string", "integer", "number", "boolean", "array", "object", "null")
 _LEADING_NAME = re.compile(r"\s*([A-Za-z0-9_.\-/]+)\s*[:(]")
 _DOC_NAME = re.compile(r'"name":\s*"([^"]+)"')
-_BLOCK = re.compile(r"^\[(\d+)\] ", re.M)
 _HEAD = re.compile(r"^\[\d+\] [^\n:]*: ")
 
 
@@ -109,15 +108,8 @@ def tool_spec(tool, name: str | None = None) -> dict[str, Any]:
                      "required": [r for r in tool.required if r in props]}}}
 
 
-def split_blocks(observation: str, n: int) -> list[str] | None:
-  """The blocks ``[1] name: ...`` .. ``[n] ...`` of an observation, one per
-  call (``"\n".join`` of them gives it back), or None when it is not ``n``."""
-  heads = [m.start() for m in _BLOCK.finditer(observation) if 1 <= int(m.group(1)) <= n]
-  nums = [int(m.group(1)) for m in _BLOCK.finditer(observation) if 1 <= int(m.group(1)) <= n]
-  if nums != list(range(1, n + 1)) or heads[0] != 0:
-    return None
-  ends = [h - 1 for h in heads[1:]] + [len(observation)]
-  return [observation[h:e] for h, e in zip(heads, ends)]
+# One block per call (`protocol.split_observation`; the qwen3 format splits alike).
+split_blocks = protocol.split_observation
 
 
 def join_blocks(contents: Sequence[str]) -> str:

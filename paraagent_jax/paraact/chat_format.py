@@ -37,6 +37,7 @@ from paraagent_jax import fileio
 from paraagent_jax import tokenizer as tok_lib
 from paraagent_jax.paraact import formats
 from paraagent_jax.paraact import protocol
+from paraagent_jax.paraact import qwen3_format
 from paraagent_jax.paraact import strategies
 from paraagent_jax.paraact import template_turns
 from toolenv.schema import Step
@@ -295,9 +296,12 @@ class TemplateConversation:
 
   def observation_ids(self, out_ids: Sequence[int], out_text: str, observation: str,
                       max_tokens: int | None) -> list[int]:
-    """The template's suffix after a step: its close, the tool turn, the next opening."""
+    """The template's suffix after a step: its close, the tool turn (a tool
+    message per call, `qwen3_format.tool_messages`), the next opening."""
     content = self._fmt.observation_content(observation, max_tokens)
-    return self._advance(out_ids, out_text, [{"role": "tool", "content": content}], False)
+    calls = self._fmt.parse(out_text).calls
+    n = len(calls) if isinstance(calls, list) else 0
+    return self._advance(out_ids, out_text, qwen3_format.tool_messages(content, n), False)
 
   def close_ids(self, out_ids: Sequence[int], out_text: str) -> list[int]:
     """The template's close of the final assistant turn."""

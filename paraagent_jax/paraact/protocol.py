@@ -309,6 +309,21 @@ def system_prompt(extra: str = "") -> str:
   return text + ("\n" + extra if extra else "")
 
 
+_BLOCK = re.compile(r"^\[(\d+)\] ", re.M)
+
+
+def split_observation(observation: str, n: int) -> list[str] | None:
+  """The blocks ``[1] name: ...`` .. ``[n] ...`` of an observation, one per
+  call (``"\n".join`` of them gives it back), or None when it is not ``n``."""
+  found = [(m.start(), int(m.group(1))) for m in _BLOCK.finditer(observation)
+           if 1 <= int(m.group(1)) <= n]
+  if n < 1 or [k for _, k in found] != list(range(1, n + 1)) or found[0][0] != 0:
+    return None
+  heads = [h for h, _ in found]
+  ends = [h - 1 for h in heads[1:]] + [len(observation)]
+  return [observation[h:e] for h, e in zip(heads, ends)]
+
+
 def render_observation(observation: str) -> str:
   """Content of the tool turn that answers a step (the env's text, trimmed)."""
   return str(observation).strip()

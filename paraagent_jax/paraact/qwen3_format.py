@@ -14,8 +14,8 @@ an assistant message with ``tool_calls``::
 
 The turn ends with the template's ``<|im_end|>`` (no ``</step>``); a final
 answer is ``<answer> ... </answer>`` as in the tags format. Tool results come
-back as ``tool`` messages, which the template renders (Qwen3's: a user turn
-with ``<tool_response>`` blocks). `render_step` writes the text that the
+back as ``tool`` messages, one per call (`tool_messages`), which the template
+renders (Qwen3's: one user turn with a ``<tool_response>`` block each). `render_step` writes the text that the
 template writes for `assistant_message` of the same step (a test checks it
 against the template), so demonstrations rendered through the template and
 steps written by a policy are the same tokens.
@@ -91,6 +91,15 @@ def assistant_message(step: Step) -> dict[str, Any]:
   return {"role": "assistant", "content": _head(step), "tool_calls": [
       {"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
       for c in step.calls]}
+
+
+def tool_messages(observation: str, num_calls: int) -> list[dict[str, str]]:
+  """The observation of a step of ``num_calls`` calls as ``tool`` messages:
+  one per call (its ``[k] name: ...`` block), as a model with parallel tool
+  calls reads their results; one message when it does not split that way (an
+  error observation, one cut short)."""
+  blocks = protocol.split_observation(observation, num_calls) or [observation]
+  return [{"role": "tool", "content": b} for b in blocks]
 
 
 def parse_step(text: Any) -> Step:

@@ -126,8 +126,9 @@ class TemplateTurns:
     for k, step in enumerate(steps):
       message = qwen3_format.assistant_message(step)
       before = conv.text
-      tools = [] if step.phase == "answer" else [
-          {"role": "tool", "content": f"[1] result {k}"}]
+      tools = [] if step.phase == "answer" else qwen3_format.tool_messages(
+          "\n".join(f"[{j + 1}] {c.name}: result {k}" for j, c in enumerate(step.calls)),
+          len(step.calls))
       conv.advance(None, message, tools, final=not tools)
       written = conv.last_written
       want = qwen3_format.render_step(step)

@@ -93,12 +93,20 @@ def test_tags_failure_counts():
 
 
 def _messages_of(transcript, fmt, tail):
+  """The conversation of a transcript, each call's result its own tool message."""
   msgs = fmt.prompt_messages(transcript[0]["text"])
+  calls = 0
   for entry in transcript[1:]:
     if entry["role"] == "assistant":
       msgs.append({"role": "assistant", "content": entry["text"].split(T.IM_END)[0]})
+      calls = len(hermes_calls(entry["text"]))
     else:
-      msgs.append({"role": "tool", "content": fmt.observation_content(entry["text"], tail)})
+      obs = fmt.observation_content(entry["text"], tail)
+      blocks = re.split(r"\n(?=\[\d+\] )", obs)
+      if len(blocks) != calls or not all(b.startswith(f"[{k + 1}] ")
+                                         for k, b in enumerate(blocks)):
+        blocks = [obs]
+      msgs += [{"role": "tool", "content": b} for b in blocks]
   return msgs
 
 
@@ -112,6 +120,7 @@ def test_oracle_episodes_equal_the_template_turn_by_turn(fmt, tok):
   result = rollout.run_rollout(policies.OraclePolicy(fmt), env, tasks, fmt, config)
   assert all(r["success"] for r in result.episodes), [r["turns"] for r in result.episodes]
   turns = template_turns.TemplateTurns(tok)
+  parallel = 0
   for rec, buf in zip(result.episodes, result.buffers):
     msgs = _messages_of(rec["transcript"], fmt, config.max_obs_tokens)
     # Whole episode: the stream is the template's rendering of the conversation.
@@ -127,10 +136,16 @@ def test_oracle_episodes_equal_the_template_turn_by_turn(fmt, tok):
     for start, k in zip(starts, assistant_at):
       prefix = turns.encode(turns.text(msgs[:k], True))
       assert buf.tokens[:start] == prefix
+    # A parallel step's results are a <tool_response> each in one user turn.
+    if any(len(hermes_calls(e["text"])) > 1 for e in rec["transcript"][1:]
+           if e["role"] == "assistant"):
+      assert re.search(r"</tool_response>\n<tool_response>", want)
+      parallel += 1
     # Calls are the action tokens, the phase tag and thought plan tokens.
     first = starts[0]
     assert buf.token_kind[first] == 0
     assert 1 in buf.token_kind
+  assert parallel
 
 
 # A Qwen3-style template that writes an empty thinking block into the last
