@@ -301,7 +301,8 @@ def _read_call(tc: Any, tools: dict[str, str], strict: bool = True
     error = _served_error(raw)
     return None, error, "model_parse_errors"
   if strict and name not in tools:
-    return None, f"unknown tool {name[:60]!r} (not among the tools given)", "unknown_tools"
+    return None, (f"{protocol.UNKNOWN_TOOL_ERROR}{name[:60]!r} (not among the tools "
+                   "given)"), "unknown_tools"
   if raw is None or raw == "":
     args: Any = {}
   elif isinstance(raw, str):
