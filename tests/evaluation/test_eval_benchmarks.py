@@ -177,8 +177,8 @@ def test_random_tiny_model_runs_and_is_scored_on_bfcl(tmp_path):
   rcfg = rollout.RolloutConfig(max_turns=2, max_turn_tokens=16, max_len=1024,
                                max_obs_tokens=64)
   fmt_for = lambda s: chat_format.ChatFormat(tok, strategy=s)
-  make = lambda s, plan=None: policies.JaxPolicy(model, fmt_for(s), max_len=rcfg.max_len,
-                                                 max_turn_tokens=rcfg.max_turn_tokens)
+  make = lambda s, plan=None, catalog=None: policies.JaxPolicy(
+      model, fmt_for(s), max_len=rcfg.max_len, max_turn_tokens=rcfg.max_turn_tokens)
   recs = bench_lib.run_bfcl(make, fmt_for, entries, settings=("open", "closed"),
                             strategies=("paraact",), policy_name="tiny",
                             workdir=str(tmp_path), rollout_config=rcfg, batch_size=2,
