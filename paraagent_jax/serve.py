@@ -94,7 +94,8 @@ def main(argv=None) -> None:
   try:
     server.serve_forever()
   except KeyboardInterrupt:
-    pass
+    # serve_forever has closed the socket; the port is free again.
+    print(f"{PROG}: stopped", flush=True)
 
 
 if __name__ == "__main__":
