@@ -22,7 +22,7 @@ imperfection (dict of `roles.Imperfection` fields or a float scaling the
 default mix; default the default mix), kinds, batch_size, chat (dict:
 base_url, model, cache_dir, max_workers, temperature), search_top_k (the
 scripted explorers pass it to ``search_tools``; 0 = the env's default 5),
-thoughts ("full", "plan" or "none": see `orchestrator.Orchestrator`),
+thoughts ("full", "plan", "needs" or "none": see `orchestrator.Orchestrator`),
 answer_style (the scripted answerer's, "label" or "json": see
 `toolenv.oracle.answer_text`), obs_format (ToolEnv's observation format, "full" or "compact"; the policy's
 evaluation and RL must use the same one).

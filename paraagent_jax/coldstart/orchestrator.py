@@ -66,6 +66,18 @@ def is_error(block: str) -> bool:
   return isinstance(obj, dict) and "error" in obj
 
 
+def plan_thought(plan_out, plan, thoughts: str) -> str:
+  """The first step's thought under ``thoughts`` "plan" or "needs".
+
+  "needs" numbers each distinct need in plan order:
+  ``Plan: 2 sub-goal(s) over 1 level(s). (1) Acme order details by id (2) ...``
+  """
+  if thoughts != "needs":
+    return plan_out.thought
+  needs = list(dict.fromkeys(s.need for s in plan))
+  return " ".join([plan_out.thought] + [f"({k}) {n}" for k, n in enumerate(needs, 1)])
+
+
 class Orchestrator:
   """Multi-agent episodes over a `VectorToolEnv`, linearised into ParaAct.
 
@@ -76,8 +88,10 @@ class Orchestrator:
     verbose: print progress per batch.
     thoughts: what the linearised steps keep of the roles' thoughts: "full"
       (every one), "plan" (only the planner's, on the first step: the count
-      of sub-goals and levels) or "none". Fewer thought tokens make shorter
-      demonstrations (the CPU demo) without changing any call.
+      of sub-goals and levels), "needs" (as "plan", followed by each distinct
+      sub-goal's need, numbered, so that the first searches copy a nearby
+      list) or "none". Fewer thought tokens make shorter demonstrations (the
+      CPU demo) without changing any call.
     obs_format: ToolEnv's observation format ("full" or "compact"); the
       policy trained on these demonstrations must be run in the same one.
     protocol_format: how the steps are written (``protocol.format``): "tags"
@@ -86,7 +100,7 @@ class Orchestrator:
       which the chat template renders); the system prompt is that format's.
   """
 
-  THOUGHTS = ("full", "plan", "none")
+  THOUGHTS = ("full", "plan", "needs", "none")
 
   def __init__(self, catalog, roles: RoleSet, batch_size: int = 256, verbose: bool = False,
                thoughts: str = "full", obs_format: str = "full",
@@ -148,8 +162,8 @@ class Orchestrator:
         thought = (plan_out.thought + " " if used == 0 else "") + (
             f"Search tools for {len(pending)} need(s) in parallel." if rnd == 0
             else f"Search again for {len(pending)} need(s) with a better query.")
-        if self.thoughts == "plan":
-          thought = plan_out.thought if used == 0 else ""
+        if self.thoughts in ("plan", "needs"):
+          thought = plan_thought(plan_out, ctx.plan, self.thoughts) if used == 0 else ""
         step = Step(phase="explore", calls=[o.call for _, o in pending], thought=thought)
         result = yield "explorer", step
         used += 1
@@ -229,7 +243,7 @@ class Orchestrator:
       steps: list[Step | None] = [None] * len(tasks)
       for i in active:
         role, step = nxt[i]
-        if self.thoughts == "none" or (self.thoughts == "plan" and role != "explorer"):
+        if self.thoughts == "none" or (self.thoughts in ("plan", "needs") and role != "explorer"):
           step = dataclasses.replace(step, thought="")
         steps[i] = step
         rec = records[i]

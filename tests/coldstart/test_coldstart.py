@@ -80,15 +80,16 @@ def test_perfect_scripted_demos_are_the_oracle_and_replay(cat, tasks):
 def test_short_demos_top_k_and_thoughts(cat, tasks):
   """search_top_k=3 puts top_k in every search call and three results in
   every search block; thoughts="plan" keeps only the first step's thought
-  (the planner's count) and "none" none; the calls stay the oracle's."""
+  (the planner's count), "needs" that count and every distinct need, numbered,
+  and "none" none; the calls stay the oracle's."""
   gold = [[_sig(s)[:2] for s in toolenv.oracle.solve(t)] for t in tasks]
-  for thoughts in ("plan", "none"):
+  for thoughts in ("plan", "needs", "none"):
     orch = orchestrator.Orchestrator(
         cat, roles.scripted_roles(cat, roles.Imperfection(), search_top_k=3),
         thoughts=thoughts)
     kept, _ = orch.run(tasks)
     assert len(kept) == len(tasks)
-    for demo, want in zip(kept, gold):
+    for demo, want, task in zip(kept, gold, tasks):
       _check_shape(demo)
       steps = _assistant_steps(demo)
       searches = [c for s in steps for c in s.calls if c.name == "search_tools"]
@@ -105,6 +106,9 @@ def test_short_demos_top_k_and_thoughts(cat, tasks):
       else:
         assert heads[0].startswith("<explore> Plan: ")
         assert all(h in ("<explore>", "<execute>") for h in heads[1:])
+        needs = list(dict.fromkeys(n["query"] for n in task.nodes))
+        listed = "".join(f" ({k}) {n}" for k, n in enumerate(needs, 1))
+        assert heads[0].endswith(" level(s)." + (listed if thoughts == "needs" else ""))
       for m in demo["messages"]:
         if m["role"] == "tool" and m["content"].startswith("[1] search_tools:"):
           # One block per search call, at most three result lines each.
