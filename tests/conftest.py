@@ -4,11 +4,28 @@ ToolEnv tests must not need JAX: this file imports JAX only if it is
 installed, and ToolEnv test modules never import it themselves.
 """
 
+import atexit
 import os
+import shutil
+import tempfile
 
 # Keep tests on the CPU even on a machine with an accelerator, and quiet.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+# One persistent compilation cache for the whole run, shared by the
+# subprocesses the tests start (they inherit the environment): many tests
+# compile the same programs (a stage and its rerun after a kill, the
+# processes of a pod, `evaluate` after `train`), and compiling is most of a
+# small model's time on the CPU. Every program is cached (thresholds 0).
+# A run starts with an empty cache, so no test depends on an earlier run;
+# set JAX_COMPILATION_CACHE_DIR yourself to keep one between runs.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  _CACHE = tempfile.mkdtemp(prefix="paraagent-jax-test-cache-")
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE
+  atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 try:
   import jax
