@@ -64,6 +64,7 @@ def test_help_lists_the_real_flags_and_exits_0():
   assert "--print_config" in _run("train", "-h").stdout
 
 
+@pytest.mark.slow
 def test_print_config_shows_every_key_and_the_default_an_override_changed():
   p = _train("--config=configs/demo.py:runlocal", "--config.rl.iterations=3", "--print_config")
   assert p.returncode == 0, p.stderr[-1000:]
@@ -73,6 +74,7 @@ def test_print_config_shows_every_key_and_the_default_an_override_changed():
   assert "rl.grpo.levels = 'traj,phase,step'" in lines   # not overridden: no default shown
 
 
+@pytest.mark.slow
 def test_a_flag_value_that_does_not_parse_is_one_line():
   p = _train("--config=configs/demo.py", "--config.rl.iterations=abc", "--workdir=/tmp/x")
   assert p.returncode == 1
@@ -81,6 +83,7 @@ def test_a_flag_value_that_does_not_parse_is_one_line():
       "int() with base 10: 'abc'"]
 
 
+@pytest.mark.slow
 def test_compare_with_a_missing_directory_says_what_it_wanted(tmp_path):
   p = _run("evaluate", f"--compare={tmp_path / 'nope'}")
   assert p.returncode == 1

@@ -194,6 +194,7 @@ def test_random_tiny_model_runs_and_is_scored_on_bfcl(tmp_path):
     assert r["success"] == (r["reason"] == "")
 
 
+@pytest.mark.slow
 def test_api_policy_on_bfcl_against_a_local_server(tmp_path):
   """An OpenAI-compatible server replays the oracle as native tool calls, on BFCL."""
   import json  # pylint: disable=g-import-not-at-top

@@ -1,11 +1,14 @@
 """The held-out evaluator: the tasks of a spec, a greedy run, metrics and records."""
 
+import pytest
+
 import toolenv
 from paraagent_jax.evaluation import heldout
 from paraagent_jax.evaluation import suite
 from paraagent_jax.paraact import chat_format, policies
 
 
+@pytest.mark.slow
 def test_oracle_solves_every_held_out_task_and_records_follow_task_order(tmp_path):
   spec = heldout.HeldOutSpec(num_tasks=10, kinds=("single", "parallel"))
   held = heldout.HeldOut(spec)

@@ -120,6 +120,7 @@ def test_matches_numpy_reference(seed, normalize):
   np.testing.assert_allclose(full.step, w_step, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("levels", [("traj",), ("phase", "step"), ("step",)])
 def test_level_ablation_matches_reference(levels):
   d = random_inputs(3)

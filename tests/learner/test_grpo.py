@@ -417,6 +417,7 @@ def test_first_step_loss_matches_numpy_and_update_is_adamw():
   assert "entropy" not in m
 
 
+@pytest.mark.slow
 def test_dropped_and_truncated_episodes_leave_the_denominator():
   """drop_no_spread_groups / mask_truncated equal removing those episodes."""
   model, batch, logp = fixed_logits_case(7)
