@@ -174,12 +174,19 @@ def parse_head(text: Any, step_close: str | None = None
   return phase, rest[:end], errors
 
 
-def parse_call_blocks(body: str, open_tag: str, close_tag: str
-                      ) -> tuple[list[Call], list[str]]:
+def parse_call_blocks(body: str, open_tag: str, close_tag: str,
+                      errors: list[str] | None = None) -> tuple[list[Call], list[str]]:
   """The calls of a step body, each between ``open_tag`` and ``close_tag``,
-  and the errors of the blocks that do not parse (and of stray text)."""
+  and the errors of the blocks that do not parse (and of stray text).
+
+  ``errors``: the head's errors (`parse_head`), extended and returned. "step
+  has no <call>" is said only of a step with no other error: a step cut before
+  its ``</step>`` with no call says "unterminated step" alone, the text the
+  policy has always been shown for it (the README command's rollouts depend
+  on it, token for token).
+  """
   first = body.find(open_tag)
-  calls, errors = [], []
+  calls, errors = [], ([] if errors is None else errors)
   pos = 0 if first < 0 else first
   while first >= 0:
     start = body.find(open_tag, pos)
@@ -215,8 +222,7 @@ def _parse_step(text: Any) -> Step:
   phase, body, errors = head
   first = body.find(CALL_OPEN)
   thought = (body if first < 0 else body[:first]).strip()
-  calls, call_errors = parse_call_blocks(body, CALL_OPEN, CALL_CLOSE)
-  errors += call_errors
+  calls, errors = parse_call_blocks(body, CALL_OPEN, CALL_CLOSE, errors)
   return Step(phase=phase, calls=calls, thought=thought,
               parse_error="; ".join(errors) if errors else None)
 

@@ -123,8 +123,7 @@ def _parse_step(text: Any) -> Step:
   phase, body, errors = head
   first = body.find(TOOL_CALL_OPEN)
   thought = (body if first < 0 else body[:first]).strip()
-  calls, call_errors = protocol.parse_call_blocks(body, TOOL_CALL_OPEN, TOOL_CALL_CLOSE)
-  errors += call_errors
+  calls, errors = protocol.parse_call_blocks(body, TOOL_CALL_OPEN, TOOL_CALL_CLOSE, errors)
   return Step(phase=phase, calls=calls, thought=thought,
               parse_error="; ".join(errors) if errors else None)
 

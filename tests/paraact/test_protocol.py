@@ -81,6 +81,13 @@ def test_partial_recovery_keeps_good_calls():
   assert "not valid JSON" in step.parse_error
   assert p.parse_step("<explore> hm\n</step>").parse_error == (
       "step has no <call>")
+  # Cut before its </step> with no call: that alone, the text every policy
+  # trained here has been shown for it (b486bf3 and before; f95b320 added
+  # "; step has no <call>" and the README command's RL parted at iteration 42).
+  assert p.parse_step("<execute> hm, let me think").parse_error == (
+      "unterminated step: missing </step>")
+  assert p.parse_step('<execute> go <call>{"name": "a"}</call>').parse_error == (
+      "unterminated step: missing </step>")
   assert p.parse_step('<execute><call>[1]</call></step>').parse_error
 
 
