@@ -50,6 +50,10 @@ _DUMP = tempfile.mkdtemp(prefix="decode_profile_hlo_")
 # sampler_bench (imported below) pins the process and imports JAX.
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                            f" --xla_dump_to={_DUMP} --xla_dump_hlo_as_text").strip()
+# XLA dumps only what it compiles: a program loaded from a persistent
+# compilation cache (JAX_COMPILATION_CACHE_DIR, which the test suite sets)
+# would leave no HLO to name the trace's thunks by.
+os.environ["JAX_ENABLE_COMPILATION_CACHE"] = "false"
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
