@@ -67,9 +67,9 @@ def tok_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
-  e = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT,
-           JAX_COMPILATION_CACHE_DIR=str(tmp_path_factory.mktemp("jaxcache")))
+def env():
+  # The run's compilation cache (tests/conftest.py) comes with os.environ.
+  e = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
   e.pop("XLA_FLAGS", None)  # One device, like a plain command line.
   return e
 
